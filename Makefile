@@ -1,0 +1,34 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Everything is installed into .venv by the targets themselves.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit chaos bench clean
+
+$(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m rmq_spark.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not chaos" -q $(PYTEST_ARGS)
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -m unit -q
+
+chaos: $(STAMP)
+	$(PY) -m pytest -m chaos -q -s
+
+bench: $(STAMP)
+	$(PY) bench/produce.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info storage_service/proto/*_pb2*.py

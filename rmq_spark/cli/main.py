@@ -1,0 +1,257 @@
+"""``rmq``: topics, produce, consume, offsets and cluster status from the shell.
+
+Endpoints come from ``--endpoints`` or the ``RMQ_ENDPOINTS`` environment
+variable (``host:port,host:port,...``).
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+
+from ..client import Client, Message, RmqError
+from ._format import human_bytes, parse_duration_ms, parse_size_bytes, table
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rmq", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoints", default=os.environ.get("RMQ_ENDPOINTS", ""),
+                   help="host:port,... of the storage nodes (default: $RMQ_ENDPOINTS)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    topic = sub.add_parser("topic", help="create, list, describe, delete topics")
+    ts = topic.add_subparsers(dest="action", required=True)
+    c = ts.add_parser("create", help="create a topic")
+    c.add_argument("name")
+    c.add_argument("--queues", type=int, default=4)
+    c.add_argument("--retention", default="7d", help="time retention, e.g. 7d, 12h, 0 = forever")
+    c.add_argument("--retention-bytes", default="0", help="per-queue size retention, e.g. 10GB; 0 = none")
+    c.add_argument("--cleanup-policy", choices=["delete", "compact"], default="delete")
+    ts.add_parser("list", help="list topics")
+    d = ts.add_parser("describe", help="config and per-queue offsets")
+    d.add_argument("name")
+    d.add_argument("--json", action="store_true")
+    rm = ts.add_parser("delete", help="delete a topic and its data")
+    rm.add_argument("name")
+
+    pr = sub.add_parser("produce", help="one message per stdin line")
+    pr.add_argument("topic")
+    pr.add_argument("--json", action="store_true",
+                    help='lines are JSON objects {"value", "key", "tags", "properties"}')
+    pr.add_argument("--queue", type=int, default=None, help="target queue (default: by key hash)")
+    pr.add_argument("--batch", type=int, default=500, help="messages per produce call")
+
+    co = sub.add_parser("consume", help="print messages")
+    co.add_argument("topic")
+    co.add_argument("--from", dest="start", default="earliest", help="earliest | latest | OFFSET")
+    co.add_argument("--max", type=int, default=0, help="stop after N messages (0 = all available)")
+    co.add_argument("--queue", type=int, default=None, help="only this queue")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+
+    of = sub.add_parser("offsets", help="earliest/latest per queue and consumer-group lag")
+    of.add_argument("topic")
+    of.add_argument("--json", action="store_true")
+
+    cl = sub.add_parser("cluster", help="cluster status")
+    cs = cl.add_subparsers(dest="action", required=True)
+    st = cs.add_parser("status", help="nodes, groups, leaders, raft indexes")
+    st.add_argument("--json", action="store_true")
+    return p
+
+
+# ---------------------------------------------------------------------- topic
+def cmd_topic(client: Client, a) -> int:
+    if a.action == "create":
+        cfg = client.create_topic(a.name, queues=a.queues, retention_ms=parse_duration_ms(a.retention),
+                                  retention_bytes=parse_size_bytes(a.retention_bytes),
+                                  cleanup_policy=a.cleanup_policy)
+        print(f"created topic {cfg['name']} with {cfg['queues']} queues")
+    elif a.action == "list":
+        rows = [[t["name"], t["queues"], t["cleanup_policy"], _dur(t["retention_ms"])]
+                for t in client.list_topics()]
+        print(table(rows, ["topic", "queues", "policy", "retention"]))
+    elif a.action == "describe":
+        d = client.describe_topic(a.name)
+        if a.json:
+            print(json.dumps(d, indent=2))
+            return 0
+        print(f"topic {d['name']}: {d['queues']} queues, policy {d['cleanup_policy']}, "
+              f"retention {_dur(d['retention_ms'])}, retention-bytes "
+              f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}")
+        rows = [[q["queue"], q["group"], q["earliest"], q["latest"], human_bytes(q["size_bytes"]),
+                 q["archived"] if q["archived"] >= 0 else "-", q["leader"]] for q in d["queue_info"]]
+        print(table(rows, ["queue", "group", "earliest", "latest", "size", "archived", "leader"]))
+    elif a.action == "delete":
+        client.delete_topic(a.name)
+        print(f"deleted topic {a.name}")
+    return 0
+
+
+def _dur(ms: int) -> str:
+    if not ms:
+        return "forever"
+    for unit, n in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % n == 0:
+            return f"{ms // n}{unit}"
+    return f"{ms}ms"
+
+
+# -------------------------------------------------------------------- produce
+def _parse_line(line: str, as_json: bool, lineno: int) -> Message:
+    if not as_json:
+        return Message(value=line.encode())
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        raise SystemExit(f"line {lineno}: not valid JSON ({e})")
+    if not isinstance(obj, dict) or "value" not in obj:
+        raise SystemExit(f'line {lineno}: expected an object with at least "value"')
+    unknown = set(obj) - {"value", "key", "tags", "properties"}
+    if unknown:
+        raise SystemExit(f"line {lineno}: unknown fields {sorted(unknown)}; allowed: value, key, tags, properties")
+    key = obj.get("key")
+    return Message(value=str(obj["value"]).encode(), key=None if key is None else str(key).encode(),
+                   tags=obj.get("tags") or "", properties={str(k): str(v) for k, v in (obj.get("properties") or {}).items()})
+
+
+def cmd_produce(client: Client, a) -> int:
+    sent, started, last_report = 0, time.monotonic(), time.monotonic()
+    batch: list[Message] = []
+
+    def flush():
+        nonlocal sent
+        if batch:
+            client.produce(a.topic, batch, queue=a.queue)
+            sent += len(batch)
+            batch.clear()
+
+    for lineno, line in enumerate(sys.stdin, 1):
+        line = line.rstrip("\n")
+        if not line:
+            continue
+        batch.append(_parse_line(line, a.json, lineno))
+        if len(batch) >= a.batch:
+            flush()
+        if time.monotonic() - last_report >= 1.0:
+            last_report = time.monotonic()
+            rate = sent / max(1e-9, last_report - started)
+            print(f"\rproduced {sent} messages ({rate:,.0f} msg/s)", end="", file=sys.stderr, flush=True)
+    flush()
+    if last_report != started:
+        print(file=sys.stderr)
+    print(f"produced {sent} messages to {a.topic}")
+    return 0
+
+
+# -------------------------------------------------------------------- consume
+def _record_json(r) -> str:
+    def txt(b):
+        if b is None:
+            return None
+        try:
+            return b.decode()
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(b).decode()
+    return json.dumps({"topic": r.topic, "queue": r.queue, "offset": r.offset, "key": txt(r.key),
+                       "value": txt(r.value), "tags": r.tags, "properties": r.properties,
+                       "born_timestamp": r.born_timestamp, "store_timestamp": r.store_timestamp,
+                       "msg_id": r.msg_id})
+
+
+def cmd_consume(client: Client, a) -> int:
+    offsets = client.offsets(a.topic)
+    queues = [o for o in offsets if a.queue is None or o.queue == a.queue]
+    if a.queue is not None and not queues:
+        raise SystemExit(f"queue {a.queue} does not exist in {a.topic} (0..{len(offsets) - 1})")
+    pos = {}
+    for o in queues:
+        if a.start == "earliest":
+            pos[o.queue] = o.earliest
+        elif a.start == "latest":
+            pos[o.queue] = o.latest
+        elif a.start.isdigit():
+            pos[o.queue] = max(o.earliest, int(a.start))
+        else:
+            raise SystemExit(f"--from {a.start!r}: use earliest, latest or an offset")
+    ends = {o.queue: o.latest for o in queues}
+    printed = 0
+    while True:
+        progressed = False
+        for q in sorted(pos):
+            if not a.follow and pos[q] >= ends[q]:
+                continue
+            res = client.fetch(a.topic, q, pos[q], max_bytes=1 << 20, wait_ms=200 if a.follow else 0)
+            for r in res.records:
+                print(_record_json(r) if a.json else r.value.decode(errors="replace"))
+                printed += 1
+                if a.max and printed >= a.max:
+                    return 0
+            progressed |= bool(res.records)
+            pos[q] = res.next_offset
+        if not a.follow and not progressed:
+            return 0
+
+
+# ------------------------------------------------------------ offsets, status
+def cmd_offsets(client: Client, a) -> int:
+    offsets = client.offsets(a.topic)
+    groups = {g: client.committed_offsets(g, a.topic) for g in client.consumer_groups(a.topic)}
+    if a.json:
+        print(json.dumps({"topic": a.topic,
+                          "queues": [dict(queue=o.queue, earliest=o.earliest, latest=o.latest) for o in offsets],
+                          "consumer_groups": {g: {str(q): dict(committed=c.get(q), lag=o.latest - c.get(q, o.earliest))
+                                                  for o in offsets for q in [o.queue]}
+                                              for g, c in groups.items()}}, indent=2))
+        return 0
+    rows = [[o.queue, o.earliest, o.latest, o.latest - o.earliest] for o in offsets]
+    print(table(rows, ["queue", "earliest", "latest", "messages"]))
+    for g, c in groups.items():
+        print(f"\nconsumer group {g}:")
+        rows = [[o.queue, c.get(o.queue, "-"), o.latest, o.latest - c.get(o.queue, o.earliest)] for o in offsets]
+        print(table(rows, ["queue", "committed", "latest", "lag"]))
+    return 0
+
+
+def cmd_cluster(client: Client, a) -> int:
+    st = client.cluster_status()
+    if a.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    rows = []
+    for n in st["nodes"]:
+        for g in n["groups"] or [{}]:
+            rows.append([n["node_id"], n["address"], n["pid"] or "-", "up" if n["reachable"] else "DOWN",
+                         g.get("group", "-"), g.get("leader", "-"), g.get("term", "-"),
+                         g.get("commit_index", "-"), g.get("applied_index", "-")])
+    print(table(rows, ["node", "address", "pid", "state", "group", "leader", "term", "commit", "applied"]))
+    return 0
+
+
+COMMANDS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume,
+            "offsets": cmd_offsets, "cluster": cmd_cluster}
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    if not a.endpoints:
+        print("rmq: no endpoints: pass --endpoints host:port,... or set RMQ_ENDPOINTS", file=sys.stderr)
+        return 2
+    try:
+        with Client(a.endpoints) as client:
+            return COMMANDS[a.cmd](client, a)
+    except (RmqError, ValueError) as e:
+        print(f"rmq: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

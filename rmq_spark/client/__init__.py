@@ -1,0 +1,11 @@
+"""Synchronous, thread-safe client for the rmq storage service."""
+from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record
+from .client import Client, parse_endpoints
+from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition, InternalError,
+                     InvalidArgument, NotFound, NotLeader, OutOfRange, ResourceExhausted,
+                     RmqError, Unavailable)
+
+__all__ = ["Client", "parse_endpoints", "Message", "Record", "ProduceResult", "FetchResult",
+           "QueueOffsets", "RmqError", "InvalidArgument", "NotFound", "AlreadyExists",
+           "OutOfRange", "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",
+           "DeadlineExceeded", "InternalError"]

@@ -1,0 +1,285 @@
+"""A thread-safe synchronous client for the rmq storage service.
+
+It keeps one gRPC channel per node, a route cache (group -> leader address,
+learned from not-leader replies and cluster status) and retries retriable
+errors with exponential backoff until the call's deadline, so callers ride
+through leader elections and node restarts.
+
+Produce calls to an explicit queue are idempotent by default: each thread
+gets its own producer id and a per-queue sequence, so a retry after a lost
+reply is applied once by the service.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable, Sequence
+
+import grpc
+
+from storage_service import codec
+from storage_service.proto import rmq_pb2, rmq_pb2_grpc
+from storage_service.routing import META_GROUP, group_of
+
+from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
+from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
+
+__all__ = ["Client", "parse_endpoints"]
+
+log = logging.getLogger(__name__)
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
+                ("grpc.max_send_message_length", 128 << 20)]
+MessageLike = bytes | str | Message | dict
+
+
+def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
+    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
+    out = [e.strip() for e in items if e and e.strip()]
+    if not out:
+        raise ValueError("endpoints is empty: give host:port[,host:port...] (or set RMQ_ENDPOINTS)")
+    for e in out:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"endpoint {e!r} is not host:port")
+    return out
+
+
+def to_pb(m: MessageLike) -> rmq_pb2.Message:
+    if isinstance(m, (bytes, bytearray, memoryview)):
+        return rmq_pb2.Message(value=bytes(m), born_timestamp=int(time.time() * 1000))
+    if isinstance(m, str):
+        return rmq_pb2.Message(value=m.encode(), born_timestamp=int(time.time() * 1000))
+    if isinstance(m, dict):
+        m = Message(**m)
+    pb = rmq_pb2.Message(value=m.value if isinstance(m.value, bytes) else str(m.value).encode(),
+                         tags=m.tags or "", properties=m.properties or {},
+                         born_timestamp=m.born_timestamp or int(time.time() * 1000))
+    if m.key is not None:
+        pb.key = m.key if isinstance(m.key, bytes) else str(m.key).encode()
+    return pb
+
+
+def decode_records(topic: str, queue: int, batches: bytes, start: int,
+                   limit: int | None = None) -> list[Record]:
+    out = []
+    for off, ts, body in codec.iter_records(batches, start):
+        pb = rmq_pb2.Message.FromString(body)
+        out.append(Record(topic, queue, off, pb.key if pb.HasField("key") else None, pb.value,
+                          pb.tags, dict(pb.properties), pb.born_timestamp, ts, msg_id(topic, queue, off)))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+class Client:
+    def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
+                 producer_id: str | None = None):
+        self.endpoints = parse_endpoints(endpoints)
+        self.timeout = timeout
+        self._channels: dict[str, grpc.Channel] = {}
+        self._routes: dict[int, str] = {}
+        self._groups: int | None = None
+        self._lock = threading.Lock()
+        self._client_id = producer_id or uuid.uuid4().hex[:16]
+        self._local = threading.local()
+        self._rr = random.randrange(len(self.endpoints))
+
+    # ------------------------------------------------------------ plumbing
+    def _stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
+        with self._lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        return rmq_pb2_grpc.MessageLogStub(ch)
+
+    def _candidates(self, group: int | None) -> list[str]:
+        self._rr += 1
+        rot = self._rr % len(self.endpoints)
+        order = self.endpoints[rot:] + self.endpoints[:rot]
+        leader = self._routes.get(group) if group is not None else None
+        if leader:
+            order = [leader] + [a for a in order if a != leader]
+        return order
+
+    def call(self, method: str, request: Any, group: int | None = None,
+             timeout: float | None = None, address: str | None = None) -> Any:
+        """Send one RPC with retries; ``group`` routes to that group's leader."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        delay, attempt, last = 0.02, 0, None
+        while True:
+            targets = [address] if address else self._candidates(group)
+            for addr in targets:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    return getattr(self._stub(addr), method)(request, timeout=left)
+                except grpc.RpcError as e:
+                    err = from_rpc_error(e, addr)
+                if isinstance(err, NotLeader) and group is not None:
+                    if err.leader:
+                        self._routes[group] = err.leader
+                        if err.leader != addr and not address:
+                            try:
+                                return getattr(self._stub(err.leader), method)(
+                                    request, timeout=max(0.01, deadline - time.monotonic()))
+                            except grpc.RpcError as e2:
+                                err = from_rpc_error(e2, err.leader)
+                    else:
+                        self._routes.pop(group, None)
+                if not err.retriable:
+                    raise err
+                last = err
+                if isinstance(err, Unavailable) and not isinstance(err, NotLeader):
+                    if group is not None and self._routes.get(group) == addr:
+                        self._routes.pop(group, None)
+            attempt += 1
+            if time.monotonic() + delay >= deadline:
+                raise last or Unavailable(f"{method}: no node answered within the deadline")
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+    def groups(self) -> int:
+        if self._groups is None:
+            self._groups = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest()).groups
+        return self._groups
+
+    def group_of(self, topic: str, queue: int) -> int:
+        return group_of(topic, queue, self.groups())
+
+    # -------------------------------------------------------------- topics
+    def create_topic(self, name: str, queues: int = 4, retention_ms: int = 0,
+                     retention_bytes: int = 0, cleanup_policy: str = "delete", tier: str = "",
+                     local_retention_ms: int = 0) -> dict:
+        cfg = rmq_pb2.TopicConfig(name=name, queues=queues, retention_ms=retention_ms,
+                                  retention_bytes=retention_bytes, cleanup_policy=cleanup_policy,
+                                  tier=tier, local_retention_ms=local_retention_ms)
+        resp = self.call("CreateTopic", rmq_pb2.CreateTopicRequest(config=cfg), group=META_GROUP)
+        return _cfg_dict(resp.config)
+
+    def delete_topic(self, name: str) -> None:
+        self.call("DeleteTopic", rmq_pb2.DeleteTopicRequest(name=name), group=META_GROUP)
+
+    def list_topics(self) -> list[dict]:
+        return [_cfg_dict(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest()).topics]
+
+    def describe_topic(self, name: str) -> dict:
+        resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name))
+        d = _cfg_dict(resp.config)
+        d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
+                                size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader)
+                           for q in resp.queues]
+        return d
+
+    # ------------------------------------------------------------- produce
+    def _next_sequence(self, topic: str, queue: int, count: int) -> tuple[str, int]:
+        loc = self._local
+        if not hasattr(loc, "seqs"):
+            loc.seqs = {}
+            loc.pid = f"{self._client_id}-{threading.get_ident():x}"
+        seq = loc.seqs.get((topic, queue), 0)
+        loc.seqs[(topic, queue)] = seq + count
+        return loc.pid, seq
+
+    def produce(self, topic: str, messages: Iterable[MessageLike], queue: int | None = None,
+                producer_id: str | None = None, sequence: int | None = None,
+                timeout: float | None = None) -> list[ProduceResult]:
+        """Append messages. With ``queue`` the call is one batch to that queue,
+        idempotent across retries; without, the service spreads by key hash."""
+        pbs = [to_pb(m) for m in messages]
+        req = rmq_pb2.ProduceRequest(topic=topic, queue=-1 if queue is None else queue, messages=pbs)
+        group = None
+        if queue is not None:
+            if producer_id is None:
+                producer_id, sequence = self._next_sequence(topic, queue, len(pbs))
+            req.producer_id, req.sequence = producer_id, sequence or 0
+            group = self.group_of(topic, queue)
+        resp = self.call("Produce", req, group=group, timeout=timeout)
+        return [ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)
+                for r in resp.results]
+
+    # --------------------------------------------------------------- fetch
+    def fetch(self, topic: str, queue: int, offset: int, max_messages: int = 0,
+              max_bytes: int = 0, wait_ms: int = 0, from_follower: bool = False,
+              address: str | None = None) -> FetchResult:
+        req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_messages=max_messages,
+                                   max_bytes=max_bytes, wait_ms=wait_ms, allow_follower=from_follower)
+        group = None if from_follower else self.group_of(topic, queue)
+        resp = self.call("Fetch", req, group=group, address=address,
+                         timeout=self.timeout + wait_ms / 1000)
+        recs = decode_records(topic, queue, resp.batches, offset, max_messages or None)
+        nxt = recs[-1].offset + 1 if recs and max_messages else resp.next_offset
+        return FetchResult(recs, nxt, resp.earliest, resp.latest, resp.served_by)
+
+    def fetch_raw(self, topic: str, queue: int, offset: int, max_bytes: int = 0,
+                  from_follower: bool = False) -> rmq_pb2.FetchResponse:
+        req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_bytes=max_bytes,
+                                   allow_follower=from_follower)
+        group = None if from_follower else self.group_of(topic, queue)
+        return self.call("Fetch", req, group=group)
+
+    # ------------------------------------------------------------- offsets
+    def offsets(self, topic: str) -> list[QueueOffsets]:
+        """Earliest/latest per queue, each answered by its group's leader (read-your-writes)."""
+        queues = self.call("Offsets", rmq_pb2.OffsetsRequest(topic=topic)).queues
+        out: dict[int, QueueOffsets] = {}
+        for g in sorted({self.group_of(topic, q.queue) for q in queues}):
+            resp = self.call("Offsets", rmq_pb2.OffsetsRequest(topic=topic, group=g), group=g)
+            out.update({q.queue: QueueOffsets(q.queue, q.earliest, q.latest) for q in resp.queues})
+        return [out[q] for q in sorted(out)]
+
+    def offset_for_timestamp(self, topic: str, queue: int, timestamp_ms: int) -> int:
+        req = rmq_pb2.OffsetForTimestampRequest(topic=topic, queue=queue, timestamp=timestamp_ms)
+        return self.call("OffsetForTimestamp", req, group=self.group_of(topic, queue)).offset
+
+    def commit_offsets(self, consumer_group: str, topic: str, offsets: dict[int, int]) -> None:
+        req = rmq_pb2.CommitOffsetsRequest(consumer_group=consumer_group, topic=topic, offsets=offsets)
+        self.call("CommitOffsets", req, group=META_GROUP)
+
+    def committed_offsets(self, consumer_group: str, topic: str) -> dict[int, int]:
+        req = rmq_pb2.GetCommittedOffsetsRequest(consumer_group=consumer_group, topic=topic)
+        return dict(self.call("GetCommittedOffsets", req, group=META_GROUP).offsets)
+
+    def consumer_groups(self, topic: str) -> list[str]:
+        return list(self.call("ListConsumerGroups", rmq_pb2.ListConsumerGroupsRequest(topic=topic)).groups)
+
+    def set_watermark(self, topic: str, kind: str, offsets: dict[int, int]) -> None:
+        req = rmq_pb2.SetWatermarkRequest(topic=topic, kind=kind, offsets=offsets)
+        self.call("SetWatermark", req, group=META_GROUP)
+
+    # -------------------------------------------------------------- status
+    def cluster_status(self) -> dict:
+        resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest())
+        nodes = []
+        for n in resp.nodes:
+            nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
+                              groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
+                                           applied_index=g.applied_index, term=g.term,
+                                           raft_log_entries=g.raft_log_entries) for g in n.groups]))
+        return {"groups": resp.groups, "nodes": nodes}
+
+    def health(self, address: str | None = None) -> dict:
+        r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=5)
+        return dict(serving=r.serving, groups_with_leader=r.groups_with_leader, groups_total=r.groups_total)
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _cfg_dict(c: rmq_pb2.TopicConfig) -> dict:
+    return dict(name=c.name, queues=c.queues, retention_ms=c.retention_ms,
+                retention_bytes=c.retention_bytes, cleanup_policy=c.cleanup_policy, tier=c.tier,
+                local_retention_ms=c.local_retention_ms, incarnation=c.incarnation,
+                created_ms=c.created_ms)

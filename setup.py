@@ -1,0 +1,63 @@
+"""rmq-spark: a raft-replicated message log and its Apache Spark connector.
+
+The gRPC stubs are generated here, from ``storage_service/proto/*.proto``, every
+time the package is built or installed (editable installs included), so the
+generated ``*_pb2*.py`` files are never edited by hand nor committed.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def generate_stubs() -> None:
+    from grpc_tools import protoc  # build requirement, see pyproject.toml
+
+    protos = sorted(glob.glob(os.path.join("storage_service", "proto", "*.proto")))
+    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    for proto in protos:
+        rc = protoc.main(["grpc_tools.protoc", "-I.", f"-I{include}",
+                          "--python_out=.", "--grpc_python_out=.", proto])
+        if rc != 0:
+            raise RuntimeError(f"protoc failed on {proto}")
+
+
+class BuildPyWithStubs(build_py):
+    def run(self):
+        generate_stubs()
+        super().run()
+
+
+os.chdir(HERE)
+generate_stubs()
+
+setup(
+    name="rmq-spark",
+    version="0.1.0",
+    description="Raft-replicated message log with an Apache Spark source/sink, tiering and compaction",
+    python_requires=">=3.11",
+    packages=find_packages(include=["storage_service*", "rmq_spark*"]),
+    py_modules=["pyspark_rocketmq"] if os.path.exists("pyspark_rocketmq.py") else [],
+    package_data={"storage_service": ["proto/*.proto"]},
+    install_requires=[
+        "pysyncobj==0.3.17",
+        "grpcio>=1.60",
+        "protobuf>=5",
+        "crc32c>=2.4",
+    ],
+    extras_require={
+        "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        "bench": ["nats-py>=2.6"],
+    },
+    entry_points={
+        "console_scripts": [
+            "rmq-storage=storage_service.cli:main",
+            "rmq=rmq_spark.cli.main:main",
+        ],
+    },
+    cmdclass={"build_py": BuildPyWithStubs},
+)

@@ -1,0 +1,90 @@
+"""``rmq-storage``: run one storage node, or a whole local cluster."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from .journal import FSYNC_POLICIES
+
+__all__ = ["main"]
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(prog="rmq-storage", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    n = sub.add_parser("node", help="run one node of a cluster (multi-host deployments)")
+    n.add_argument("--id", type=int, required=True, help="index of this node in --nodes")
+    n.add_argument("--nodes", required=True, help="gRPC address of every node: H:P,H:P,H:P")
+    n.add_argument("--groups", type=int, default=4, help="data raft groups (default 4)")
+    n.add_argument("--data-dir", required=True)
+    n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    n.add_argument("--max-message-bytes", type=int, default=4 << 20)
+    n.add_argument("--retention-interval", type=float, default=5.0, help="seconds between retention passes")
+    n.add_argument("--segment-bytes", type=int, default=64 << 20)
+    n.add_argument("--log-level", default="INFO")
+    loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
+    loc.add_argument("--nodes", type=int, default=3)
+    loc.add_argument("--groups", type=int, default=4)
+    loc.add_argument("--data-dir", default="./data")
+    loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
+    loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    return p.parse_args(argv)
+
+
+def run_node(args) -> int:
+    from .node import NodeConfig, StorageNode
+    from .service import serve
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    addresses = tuple(a.strip() for a in args.nodes.split(",") if a.strip())
+    if not 0 <= args.id < len(addresses):
+        print(f"--id {args.id} is not an index into --nodes (0..{len(addresses) - 1})", file=sys.stderr)
+        return 2
+    node = StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
+                                  data_dir=args.data_dir, fsync=args.fsync,
+                                  max_message_bytes=args.max_message_bytes,
+                                  segment_bytes=args.segment_bytes,
+                                  retention_interval=args.retention_interval))
+    server = serve(node)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    logging.info("node %d serving on %s", args.id, addresses[args.id])
+    stop.wait()
+    server.stop(grace=1).wait()
+    node.stop()
+    return 0
+
+
+def run_local(args) -> int:
+    from .local import LocalCluster
+
+    cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
+                           port=args.port, fsync=args.fsync)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cluster.start()
+        print(f"endpoints: {cluster.endpoints}", flush=True)
+        print(f"logs and data: {cluster.data_dir}  (Ctrl-C stops all nodes)", flush=True)
+        while not stop.wait(0.5):
+            for i, p in enumerate(cluster.procs):
+                if p is not None and p.poll() is not None:
+                    print(f"node {i} exited with {p.returncode}", flush=True)
+                    cluster.procs[i] = None
+    finally:
+        cluster.stop()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    return run_node(args) if args.cmd == "node" else run_local(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

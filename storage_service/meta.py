@@ -1,0 +1,119 @@
+"""The replicated state machine of the metadata raft group (no network here).
+
+Holds topic configs, consumer-group offsets and per-queue watermarks (archive
+and compaction). It is small, so its snapshot is the whole state as JSON.
+Apply never raises: a rejected command returns ``("error", code, message)``
+so every replica reaches the same verdict.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+
+__all__ = ["MetaState", "TOPIC_DEFAULTS"]
+
+TOPIC_DEFAULTS = {
+    "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
+    "cleanup_policy": "delete", "tier": "", "local_retention_ms": 0,
+}
+
+
+class MetaState:
+    def __init__(self):
+        self.topics: dict[str, dict] = {}
+        self.offsets: dict[str, dict[str, dict[str, int]]] = {}      # group -> topic -> {q: off}
+        self.watermarks: dict[str, dict[str, dict[str, int]]] = {}   # topic -> kind -> {q: off}
+        self.deleted: dict[str, str] = {}   # incarnation -> topic name, for queue cleanup
+        self.lock = threading.Lock()
+
+    def apply(self, raft_index: int, cmd: tuple):
+        handler = getattr(self, "_cmd_" + cmd[0], None)
+        if handler is None:
+            return ("error", "INVALID_ARGUMENT", f"unknown command {cmd[0]!r}")
+        with self.lock:
+            return handler(raft_index, *cmd[1:])
+
+    def _cmd_create_topic(self, raft_index, cfg: dict, created_ms: int):
+        name = cfg["name"]
+        if name in self.topics:
+            return ("error", "ALREADY_EXISTS", f"topic {name!r} already exists")
+        full = dict(TOPIC_DEFAULTS)
+        full.update(cfg)
+        # Derived from the raft index so every replica computes the same id.
+        full["incarnation"] = uuid.uuid5(uuid.NAMESPACE_OID, f"{name}@{raft_index}").hex[:12]
+        full["created_ms"] = created_ms
+        self.topics[name] = full
+        return ("ok", full)
+
+    def _cmd_alter_topic(self, raft_index, name: str, changes: dict):
+        if name not in self.topics:
+            return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
+        self.topics[name].update(changes)
+        return ("ok", self.topics[name])
+
+    def _cmd_delete_topic(self, raft_index, name: str):
+        cfg = self.topics.pop(name, None)
+        if cfg is None:
+            return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
+        self.watermarks.pop(name, None)
+        self.deleted[cfg["incarnation"]] = name
+        for topics in self.offsets.values():
+            topics.pop(name, None)
+        return ("ok", cfg)
+
+    def _cmd_commit_offsets(self, raft_index, group: str, topic: str, offsets: dict):
+        if topic not in self.topics:
+            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
+        cur = self.offsets.setdefault(group, {}).setdefault(topic, {})
+        cur.update({str(q): int(o) for q, o in offsets.items()})
+        return ("ok", None)
+
+    def _cmd_set_watermark(self, raft_index, topic: str, kind: str, offsets: dict):
+        if topic not in self.topics:
+            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
+        cur = self.watermarks.setdefault(topic, {}).setdefault(kind, {})
+        for q, o in offsets.items():   # watermarks only move forward
+            cur[str(q)] = max(int(o), cur.get(str(q), -1))
+        return ("ok", None)
+
+    # ---------------------------------------------------------------- queries
+    def topic(self, name: str) -> dict | None:
+        with self.lock:
+            t = self.topics.get(name)
+            return dict(t) if t else None
+
+    def committed(self, group: str, topic: str) -> dict[int, int]:
+        with self.lock:
+            return {int(q): o for q, o in self.offsets.get(group, {}).get(topic, {}).items()}
+
+    def groups_for(self, topic: str) -> list[str]:
+        with self.lock:
+            return sorted(g for g, t in self.offsets.items() if topic in t)
+
+    def is_deleted(self, incarnation: str) -> bool:
+        with self.lock:
+            return incarnation in self.deleted
+
+    def forget_deleted(self, incarnation: str) -> None:
+        with self.lock:
+            self.deleted.pop(incarnation, None)
+
+    def watermark(self, topic: str, kind: str) -> dict[int, int]:
+        with self.lock:
+            return {int(q): o for q, o in self.watermarks.get(topic, {}).get(kind, {}).items()}
+
+    # --------------------------------------------------------------- snapshot
+    def snapshot(self) -> bytes:
+        with self.lock:
+            return json.dumps({"topics": self.topics, "offsets": self.offsets,
+                               "watermarks": self.watermarks, "deleted": self.deleted}).encode()
+
+    def restore(self, data: bytes, index: int, leader: str | None) -> None:
+        d = json.loads(data)
+        with self.lock:
+            self.topics, self.offsets, self.watermarks = d["topics"], d["offsets"], d["watermarks"]
+            self.deleted = d.get("deleted", {})
+
+    def close(self) -> None:
+        pass

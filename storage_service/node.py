@@ -1,0 +1,251 @@
+"""A storage node: G data raft groups + the metadata group, and their plumbing.
+
+The node owns the raft groups and the background loops (retention, cleanup of
+deleted topics). The gRPC servicer (``service.py``) validates requests and
+calls the methods here; nothing outside a raft apply changes replicated state.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import grpc
+
+from . import codec
+from .errors import NotLeader, ServiceError, not_found
+from .groupcommit import CommitFailed, GroupCommitter
+from .meta import MetaState
+from .raft import RaftGroup, RaftTiming
+from .retention import SegmentInfo, retention_cutoff
+from .routing import META_GROUP, group_of, raft_address
+from .state import DataState, parse_queue_dir, queue_dir
+from .proto import rmq_pb2, rmq_pb2_grpc
+
+__all__ = ["NodeConfig", "StorageNode"]
+
+log = logging.getLogger(__name__)
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
+                ("grpc.max_send_message_length", 128 << 20)]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_id: int
+    addresses: tuple[str, ...]          # gRPC address of every node; index = node id
+    groups: int
+    data_dir: str
+    fsync: str = "always"
+    max_message_bytes: int = 4 << 20
+    max_batch_bytes: int = 16 << 20
+    max_batch_messages: int = 100_000
+    segment_bytes: int = 64 << 20
+    retention_interval: float = 5.0
+    commit_timeout: float = 10.0
+    timing: RaftTiming = field(default_factory=RaftTiming)
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self.node_id]
+
+
+class StorageNode:
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        self.started = time.time()
+        self._raft_to_grpc = {raft_address(a, g): a
+                              for a in config.addresses for g in range(config.groups + 1)}
+        self.meta = MetaState()
+        self.groups: dict[int, RaftGroup] = {}
+        self.states: dict[int, DataState] = {}
+        self.committers: dict[int, GroupCommitter] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._channels_lock = threading.Lock()
+        self.groups[META_GROUP] = self._raft(META_GROUP, self.meta)
+        for g in range(1, config.groups + 1):
+            st = DataState(os.path.join(config.data_dir, f"group-{g}", "queues"),
+                           fsync=config.fsync == "always", segment_bytes=config.segment_bytes)
+            st.fetch_range = self.fetch_from_peers
+            self.states[g] = st
+            self.groups[g] = self._raft(g, st)
+            self.committers[g] = GroupCommitter(self.groups[g], max_entry_bytes=config.max_batch_bytes * 2)
+        self._running = True
+        self._bg = threading.Thread(target=self._background, name="retention", daemon=True)
+        self._bg.start()
+
+    def _raft(self, g: int, state) -> RaftGroup:
+        c = self.config
+        return RaftGroup(g, raft_address(c.address, g), [raft_address(a, g) for a in c.addresses],
+                         os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing)
+
+    # ------------------------------------------------------------ leadership
+    def leader_of(self, group: int) -> str | None:
+        addr = self.groups[group].leader_raft_address
+        return self._raft_to_grpc.get(addr) if addr else None
+
+    def require_leader(self, group: int) -> RaftGroup:
+        raft = self.groups[group]
+        if not raft.is_leader:
+            raise NotLeader(group, self.leader_of(group))
+        return raft
+
+    def group_of(self, topic: str, queue: int) -> int:
+        return group_of(topic, queue, self.config.groups)
+
+    # ----------------------------------------------------------------- topics
+    def topic(self, name: str, wait: float = 1.0) -> dict:
+        """Topic config from the local metadata replica (waits briefly for a lagging one)."""
+        deadline = time.monotonic() + wait
+        while True:
+            cfg = self.meta.topic(name)
+            if cfg is not None:
+                return cfg
+            if time.monotonic() >= deadline:
+                raise not_found(f"topic {name!r} does not exist")
+            time.sleep(0.01)
+
+    def queue_log(self, cfg: dict, queue: int, create: bool = False):
+        g = self.group_of(cfg["name"], queue)
+        return g, self.states[g].queue(queue_dir(cfg["name"], cfg["incarnation"], queue), create)
+
+    def meta_command(self, cmd: tuple):
+        raft = self.require_leader(META_GROUP)
+        result = self._commit(raft, cmd)
+        if result[0] == "error":
+            raise ServiceError(getattr(grpc.StatusCode, result[1]), result[2])
+        return result[1]
+
+    def _commit(self, raft: RaftGroup, cmd: tuple):
+        done = threading.Event()
+        box: list = []
+
+        def cb(res, err):
+            box.append((res, err))
+            done.set()
+
+        raft.submit(cmd, cb)
+        if not done.wait(self.config.commit_timeout):
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"group {raft.group_id}: no commit within {self.config.commit_timeout}s")
+        res, err = box[0]
+        if err != 0:
+            raise NotLeader(raft.group_id, self.leader_of(raft.group_id)) from CommitFailed(err)
+        return res
+
+    # ---------------------------------------------------------------- produce
+    def produce(self, cfg: dict, queue: int, payloads: list[bytes], producer: str, seq: int):
+        g = self.group_of(cfg["name"], queue)
+        self.require_leader(g)
+        records = codec.encode_records(payloads)
+        item = (queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
+                int(time.time() * 1000), len(payloads), records)
+        fut = self.committers[g].submit(item, len(records))
+        try:
+            return fut.result(self.config.commit_timeout)
+        except FutureTimeout:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"group {g}: produce not committed within {self.config.commit_timeout}s "
+                               "(outcome unknown; retry with the same producer id and sequence)") from None
+        except CommitFailed as e:
+            raise NotLeader(g, self.leader_of(g)) from e
+
+    # ------------------------------------------------------------ peer access
+    def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
+        with self._channels_lock:
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        return rmq_pb2_grpc.MessageLogStub(ch)
+
+    def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:
+        """Committed batches [start, end) of a queue from any peer that has them."""
+        topic, _, q = parse_queue_dir(qname)
+        leader = self.leader_of(self.group_of(topic, q))
+        peers = [a for a in self.config.addresses if a != self.config.address]
+        peers.sort(key=lambda a: a != leader)
+        last_error = None
+        for addr in peers:
+            try:
+                resp = self.stub(addr).ReplicaFetch(rmq_pb2.ReplicaFetchRequest(
+                    queue_dir=qname, offset=start, end_offset=end, max_bytes=8 << 20), timeout=30)
+                if resp.batches:
+                    return resp.batches
+            except grpc.RpcError as e:
+                last_error = e
+        log.warning("catch-up of %s [%d, %d): no peer could serve it (%s)", qname, start, end, last_error)
+        return b""
+
+    def replica_read(self, qname: str, start: int, end: int, max_bytes: int) -> bytes:
+        topic, _, q = parse_queue_dir(qname)
+        ql = self.states[self.group_of(topic, q)].queue(qname)
+        if ql is None:
+            return b""
+        data = ql.read(start, max_bytes)
+        keep = 0
+        for h in codec.iter_batches(data, verify=False):
+            if h.base_offset >= end:
+                break
+            keep = h.position + h.size
+        return data[:keep]
+
+    # ------------------------------------------------------------- background
+    def _background(self) -> None:
+        while self._running:
+            time.sleep(self.config.retention_interval)
+            try:
+                self.enforce_retention()
+            except Exception:
+                log.exception("retention pass failed")
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """On groups this node leads: propose prefix truncation and queue drops."""
+        now_ms = now_ms or int(time.time() * 1000)
+        proposed = 0
+        for g, st in self.states.items():
+            raft = self.groups[g]
+            if not raft.is_leader:
+                continue
+            for name, ql in list(st.queues.items()):
+                topic, inc, q = parse_queue_dir(name)
+                cfg = self.meta.topic(topic)
+                if cfg is None or cfg["incarnation"] != inc:
+                    if self.meta.is_deleted(inc):
+                        self._commit(raft, ("drop", name))
+                        proposed += 1
+                    continue
+                cut = self._cutoff(cfg, q, ql, now_ms)
+                if cut > ql.earliest:
+                    self._commit(raft, ("truncate", name, cut))
+                    proposed += 1
+        return proposed
+
+    def _cutoff(self, cfg: dict, q: int, ql, now_ms: int) -> int:
+        with ql.lock:
+            segs = [SegmentInfo(s.base, s.next_offset, s.size, s.last_ts) for s in ql.segments]
+        tiered = bool(cfg.get("tier"))
+        protected = self.meta.watermark(cfg["name"], "archive").get(q, 0) if tiered else None
+        time_ms = (cfg.get("local_retention_ms") or cfg["retention_ms"]) if tiered else cfg["retention_ms"]
+        return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
+
+    # ----------------------------------------------------------------- status
+    def local_status(self) -> rmq_pb2.NodeStatus:
+        st = rmq_pb2.NodeStatus(address=self.config.address, node_id=self.config.node_id,
+                                pid=os.getpid(), reachable=True)
+        for g, raft in sorted(self.groups.items()):
+            st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
+                          applied_index=raft.raftLastApplied, term=raft.raftCurrentTerm,
+                          raft_log_entries=len(raft.journal))
+        return st
+
+    def stop(self) -> None:
+        self._running = False
+        for c in self.committers.values():
+            c.stop()
+        for raft in self.groups.values():
+            raft.stop()
+        with self._channels_lock:
+            for ch in self._channels.values():
+                ch.close()

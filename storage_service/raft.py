@@ -1,0 +1,232 @@
+"""One raft group: a pysyncobj SyncObj with our journal, fsync and tick loop.
+
+What this subclass changes in pysyncobj 0.3.17, and why:
+
+* Journal: pysyncobj's mmap journal is replaced by ``DurableJournal``. The
+  follower syncs it before acknowledging entries (``__sendNextNodeIdx`` with
+  success) and the leader syncs it after adding commands, before the next
+  tick counts its own copy towards a commit.
+* Stale appends: pysyncobj's follower truncates its log after ``prevLogIdx``
+  on *every* append_entries, even when the message is an old, shorter copy
+  of what it already holds (a delayed "reset" makes the leader re-send an old
+  range). The follower then drops entries it had acknowledged, the leader may
+  already count them as committed, and if the leader dies in that window a
+  committed entry is lost. ``_reconcile_append`` applies the raft rule
+  instead: skip entries already held with the same term, truncate only at a
+  real conflict, never because a message is short.
+* Snapshots: the state machine provides ``snapshot() -> bytes`` and
+  ``restore(bytes, index, leader)``; a data group's snapshot is a segment
+  manifest, never the message payloads.
+* Ticks: ``autoTick`` is off; our thread ticks, and wakes at once when a
+  command is queued, so short commit latency does not need a busy tick.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.node import TCPNode
+
+from .journal import DurableJournal
+
+__all__ = ["RaftGroup", "RaftTiming", "StateMachine"]
+
+log = logging.getLogger(__name__)
+_LEN = struct.Struct("<QQQ")
+
+
+class StateMachine(Protocol):
+    def apply(self, raft_index: int, cmd: tuple): ...
+    def snapshot(self) -> bytes: ...
+    def restore(self, data: bytes, index: int, leader: str | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class RaftTiming:
+    tick: float = 0.05               # max poll wait; commands wake the loop at once
+    append_period: float = 0.05      # heartbeat period
+    min_timeout: float = 0.6         # election timeout range
+    max_timeout: float = 1.5
+    compaction_entries: int = 2000   # snapshot after this many entries ...
+    compaction_bytes: int = 64 << 20  # ... or this much journal
+    compaction_seconds: float = 60.0
+
+
+class RaftGroup(SyncObj):
+    def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
+                 state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming()):
+        self.group_id = group_id
+        self.state = state
+        self.timing = timing
+        self.stale_appends = 0
+        os.makedirs(data_dir, exist_ok=True)
+        conf = SyncObjConf(
+            autoTick=False, journalFile=None,
+            fullDumpFile=os.path.join(data_dir, "snapshot"),
+            serializer=self._write_snapshot, deserializer=self._read_snapshot,
+            appendEntriesPeriod=timing.append_period,
+            raftMinTimeout=timing.min_timeout, raftMaxTimeout=timing.max_timeout,
+            connectionTimeout=max(3.5, timing.max_timeout), connectionRetryTime=0.5,
+            logCompactionMinEntries=timing.compaction_entries,
+            logCompactionMinTime=timing.compaction_seconds,
+            appendEntriesBatchSizeBytes=256 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
+            commandsQueueSize=100_000, dynamicMembershipChange=False)
+        super().__init__(self_addr, [p for p in peers if p != self_addr], conf)
+        self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._poller.subscribe(self._wake_r, self._on_wake, 1)
+        self._running = True
+        self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------- journal
+    def _install_journal(self, journal: DurableJournal) -> None:
+        """Swap in the durable journal and reload raft's persistent state from it."""
+        self._SyncObj__raftLog._destroy()
+        self._SyncObj__raftLog = journal
+        if len(journal) == 0:
+            journal.add(b"\x01", 1, 0)     # pysyncobj's initial NO_OP entry
+            journal.sync()
+        self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
+        self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
+        self._SyncObj__raftCommitIndex = journal.getRaftCommitIndex()
+        self.journal = journal
+
+    def _checkCommandsToApply(self):
+        super()._checkCommandsToApply()
+        self.journal.sync()
+
+    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
+        if success:
+            self.journal.sync()   # durable before the leader may count it
+        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+
+    # -------------------------------------------------------- stale appends
+    def _SyncObj__onMessageReceived(self, node, message):
+        if (message.get("type") == "append_entries" and "prevLogIdx" in message
+                and "transmission" not in message and message["term"] >= self.raftCurrentTerm):
+            message = self._reconcile_append(node, message)
+            if message is None:
+                return
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _term_at(self, idx):
+        j = self.journal
+        first = j[0][1]
+        if idx is None or idx < first or idx > j[-1][1]:
+            return None
+        return j[idx - first][2]
+
+    def _reconcile_append(self, node, message):
+        """Raft's append rule on top of pysyncobj's (see module docstring)."""
+        entries = message.get("entries") or []
+        prev_idx = message["prevLogIdx"]
+        if self._term_at(prev_idx) != message["prevLogTerm"]:
+            return message                       # pysyncobj rejects it as before
+        last = self.journal[-1][1]
+        k = 0
+        while k < len(entries) and entries[k][1] <= last and self._term_at(entries[k][1]) == entries[k][2]:
+            k += 1
+        matched_idx = entries[k - 1][1] if k else prev_idx
+        matched_term = entries[k - 1][2] if k else message["prevLogTerm"]
+        if k < len(entries) or matched_idx == last:
+            # New entries or a real conflict follow matched_idx: pysyncobj's
+            # truncation there is the raft rule. Drop the entries we hold.
+            if k == 0:
+                return message
+            return dict(message, entries=entries[k:], prevLogIdx=matched_idx, prevLogTerm=matched_term)
+        # We hold entries past everything this message covers: it is stale.
+        self.stale_appends += 1
+        log.warning("group %d: stale append (prev %d, %d entries) while holding up to %d; "
+                    "not truncating", self.group_id, prev_idx, len(entries), last)
+        beat = {k2: v for k2, v in message.items() if k2 not in ("prevLogIdx", "prevLogTerm", "entries")}
+        beat["commit_index"] = min(message["commit_index"], matched_idx)
+        SyncObj._SyncObj__onMessageReceived(self, node, beat)
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=matched_idx + 1, success=True)
+        return None
+
+    # ------------------------------------------------------------- snapshot
+    def _write_snapshot(self, path: str, data) -> None:
+        last, prev, _cluster = data
+        blob = self.state.snapshot()
+        with open(path, "wb") as f:
+            for entry in (last, prev):
+                cmd = bytes(entry[0])
+                f.write(_LEN.pack(len(cmd), entry[1], entry[2]))
+                f.write(cmd)
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _read_snapshot(self, path: str):
+        with open(path, "rb") as f:
+            data = f.read()
+        pos, entries = 0, []
+        for _ in range(2):
+            n, idx, term = _LEN.unpack_from(data, pos)
+            pos += _LEN.size
+            entries.append((data[pos:pos + n], idx, term))
+            pos += n
+        leader = self._getLeader()
+        self.state.restore(data[pos:], entries[0][1], leader.address if leader else None)
+        cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}
+        return entries[0], entries[1], cluster
+
+    # ---------------------------------------------------------------- apply
+    @replicated
+    def apply_command(self, cmd):
+        return self.state.apply(self.raftLastApplied + 1, cmd)
+
+    def submit(self, cmd, callback: Callable) -> None:
+        """Queue a command; ``callback(result, fail_reason)`` runs on the tick thread."""
+        self.apply_command(cmd, callback=callback)
+        os.write(self._wake_w, b"x")
+
+    # ------------------------------------------------------------ tick loop
+    def _on_wake(self, fd, event):
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _tick_loop(self) -> None:
+        while self._running:
+            try:
+                self.doTick(self.timing.tick)
+                if self.journal.size_bytes > self.timing.compaction_bytes:
+                    self.forceLogCompaction()
+            except Exception:
+                log.exception("group %d: tick failed", self.group_id)
+                time.sleep(self.timing.tick)
+
+    # --------------------------------------------------------------- status
+    @property
+    def is_leader(self) -> bool:
+        return self._isLeader()
+
+    @property
+    def leader_raft_address(self) -> str | None:
+        leader = self._getLeader()
+        return leader.address if leader is not None else None
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(timeout=5)
+        try:
+            self._doDestroy()
+        finally:
+            self.journal._destroy()
+            self.state.close()
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

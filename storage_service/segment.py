@@ -1,0 +1,397 @@
+"""Per-queue segment files: the storage engine under one message queue.
+
+A queue directory holds segments named by their base offset::
+
+    00000000000000000000.log   framed record batches (storage_service.codec)
+    00000000000000000000.idx   sparse offset index: (u64 offset, u64 position)
+    00000000000000000000.tix   sparse time index:   (i64 store_ts, u64 offset)
+    earliest                   logical earliest offset (retention may cut here)
+
+Only the tail segment is scanned on open; a torn or corrupt tail is cut off
+there (the raft log or a peer supplies it again). Memory per queue is a few
+numbers per segment: indexes stay on disk and are read on lookup.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass, field
+
+from . import codec
+
+__all__ = ["QueueLog", "Segment"]
+
+log = logging.getLogger(__name__)
+
+IDX_ENTRY = struct.Struct("<QQ")
+TIX_ENTRY = struct.Struct("<qQ")
+
+
+def _name(base: int, ext: str) -> str:
+    return f"{base:020d}.{ext}"
+
+
+def _read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    n = len(data) // st.size
+    return [st.unpack_from(data, i * st.size) for i in range(n)]
+
+
+@dataclass
+class Segment:
+    base: int
+    path: str
+    next_offset: int
+    size: int
+    first_ts: int = -1
+    last_ts: int = -1
+    last_raft_index: int = 0
+    fd: int | None = field(default=None, repr=False)
+
+    def file(self, ext: str) -> str:
+        return os.path.join(self.path, _name(self.base, ext))
+
+    def open_fd(self) -> int:
+        if self.fd is None:
+            self.fd = os.open(self.file("log"), os.O_RDONLY)
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class QueueLog:
+    """An append-only log of record batches for one queue.
+
+    Thread-safety: one writer (the raft apply thread) and many readers; the
+    lock guards the segment list and the tail position.
+    """
+
+    def __init__(self, path: str, segment_bytes: int = 64 << 20,
+                 index_interval: int = 64 << 10, fsync: bool = True):
+        self.path = path
+        self.segment_bytes = segment_bytes
+        self.index_interval = index_interval
+        self.fsync_enabled = fsync
+        self.lock = threading.RLock()
+        self.segments: list[Segment] = []
+        self._earliest = 0
+        self._wfd: int | None = None
+        self._idx_since = 0   # bytes appended since the last offset-index entry
+        self._dirty = False
+        os.makedirs(path, exist_ok=True)
+        self._open()
+
+    # ------------------------------------------------------------------ open
+    def _open(self) -> None:
+        bases = sorted(int(f[:-4]) for f in os.listdir(self.path) if f.endswith(".log"))
+        self._earliest = self._read_earliest()
+        for base in bases[:-1]:
+            self.segments.append(self._open_sealed(base))
+        if bases:
+            self.segments.append(self._recover_tail(bases[-1]))
+        else:
+            self._new_segment(self._earliest)
+        self._earliest = max(self._earliest, self.segments[0].base)
+        self._open_writer()
+
+    def _read_earliest(self) -> int:
+        try:
+            with open(os.path.join(self.path, "earliest")) as f:
+                return int(f.read().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    def _write_earliest(self, value: int) -> None:
+        tmp = os.path.join(self.path, "earliest.tmp")
+        with open(tmp, "w") as f:
+            f.write(str(value))
+            f.flush()
+            if self.fsync_enabled:
+                os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(self.path, "earliest"))
+
+    def _open_sealed(self, base: int) -> Segment:
+        seg = Segment(base, self.path, base, os.path.getsize(os.path.join(self.path, _name(base, "log"))))
+        # The last batch gives next offset / last ts; read it via the index.
+        idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
+        tix = _read_pairs(seg.file("tix"), TIX_ENTRY)
+        start = idx[-1][1] if idx else 0
+        with open(seg.file("log"), "rb") as f:
+            f.seek(start)
+            tail = f.read()
+        valid, headers = codec.scan_valid_prefix(tail)
+        if headers:
+            seg.next_offset = headers[-1].next_offset
+            seg.last_ts = headers[-1].store_ts
+            seg.last_raft_index = headers[-1].raft_index
+        seg.first_ts = tix[0][0] if tix else seg.last_ts
+        if start + valid != seg.size:
+            log.warning("segment %s: %d bytes past the last valid batch in a sealed segment",
+                        seg.file("log"), seg.size - start - valid)
+        return seg
+
+    def _recover_tail(self, base: int) -> Segment:
+        seg = Segment(base, self.path, base, 0)
+        with open(seg.file("log"), "rb") as f:
+            data = f.read()
+        valid, headers = codec.scan_valid_prefix(data)
+        if valid != len(data):
+            log.warning("queue %s: truncating torn/corrupt tail of %s at byte %d (%d bytes cut)",
+                        self.path, seg.file("log"), valid, len(data) - valid)
+            with open(seg.file("log"), "r+b") as f:
+                f.truncate(valid)
+                os.fsync(f.fileno())
+        seg.size = valid
+        # Rebuild both indexes from the scan: cheap, and they may be torn too.
+        idx, tix, since = [], [], self.index_interval
+        for h in headers:
+            if since >= self.index_interval:
+                idx.append((h.base_offset, h.position))
+                tix.append((h.store_ts, h.base_offset))
+                since = 0
+            since += h.size
+        self._idx_since = since
+        self._rewrite(seg.file("idx"), IDX_ENTRY, idx)
+        self._rewrite(seg.file("tix"), TIX_ENTRY, tix)
+        if headers:
+            seg.next_offset = headers[-1].next_offset
+            seg.first_ts = headers[0].store_ts
+            seg.last_ts = headers[-1].store_ts
+            seg.last_raft_index = headers[-1].raft_index
+        return seg
+
+    @staticmethod
+    def _rewrite(path: str, st: struct.Struct, pairs) -> None:
+        with open(path, "wb") as f:
+            f.write(b"".join(st.pack(*p) for p in pairs))
+
+    def _new_segment(self, base: int) -> Segment:
+        seg = Segment(base, self.path, base, 0)
+        open(seg.file("log"), "ab").close()
+        self._rewrite(seg.file("idx"), IDX_ENTRY, [])
+        self._rewrite(seg.file("tix"), TIX_ENTRY, [])
+        self.segments.append(seg)
+        self._idx_since = self.index_interval
+        return seg
+
+    def _open_writer(self) -> None:
+        if self._wfd is not None:
+            os.close(self._wfd)
+        self._wfd = os.open(self.segments[-1].file("log"), os.O_WRONLY | os.O_APPEND)
+
+    # ----------------------------------------------------------- properties
+    @property
+    def earliest(self) -> int:
+        return self._earliest
+
+    @property
+    def next_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def last_raft_index(self) -> int:
+        for seg in reversed(self.segments):
+            if seg.last_raft_index:
+                return seg.last_raft_index
+        return 0
+
+    @property
+    def last_ts(self) -> int:
+        for seg in reversed(self.segments):
+            if seg.last_ts >= 0:
+                return seg.last_ts
+        return -1
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # --------------------------------------------------------------- writes
+    def append(self, frame: bytes, h: codec.BatchHeader) -> None:
+        """Append one framed batch whose base offset must equal next_offset."""
+        with self.lock:
+            if h.base_offset != self.next_offset:
+                raise ValueError(f"append at {h.base_offset} but queue {self.path} is at {self.next_offset}")
+            seg = self.segments[-1]
+            if seg.size >= self.segment_bytes:
+                self._roll()
+                seg = self.segments[-1]
+            os.write(self._wfd, frame)
+            if self._idx_since >= self.index_interval:
+                with open(seg.file("idx"), "ab") as f:
+                    f.write(IDX_ENTRY.pack(h.base_offset, seg.size))
+                with open(seg.file("tix"), "ab") as f:
+                    f.write(TIX_ENTRY.pack(h.store_ts, h.base_offset))
+                self._idx_since = 0
+            self._idx_since += len(frame)
+            seg.size += len(frame)
+            seg.next_offset = h.next_offset
+            if seg.first_ts < 0:
+                seg.first_ts = h.store_ts
+            seg.last_ts = h.store_ts
+            seg.last_raft_index = h.raft_index
+            self._dirty = True
+
+    def append_frames(self, frames: bytes) -> int:
+        """Append already-framed batches (peer catch-up). Returns batches written."""
+        n = 0
+        mv = memoryview(frames)
+        for h in codec.iter_batches(mv):
+            self.append(bytes(mv[h.position:h.position + h.size]), h)
+            n += 1
+        return n
+
+    def _roll(self) -> None:
+        self.sync()
+        self._new_segment(self.next_offset)
+        self._open_writer()
+
+    def sync(self) -> None:
+        if self._dirty and self._wfd is not None:
+            if self.fsync_enabled:
+                os.fdatasync(self._wfd)
+            self._dirty = False
+
+    def truncate_prefix(self, offset: int) -> int:
+        """Move earliest up to ``offset`` and delete whole segments below it.
+
+        Returns the number of segments deleted. The active segment is never
+        deleted; if offset passes the end, earliest stops at next_offset.
+        """
+        with self.lock:
+            offset = min(offset, self.next_offset)
+            if offset <= self._earliest:
+                return 0
+            self._earliest = offset
+            self._write_earliest(offset)
+            dropped = 0
+            while len(self.segments) > 1 and self.segments[1].base <= offset:
+                seg = self.segments.pop(0)
+                seg.close()
+                for ext in ("log", "idx", "tix"):
+                    try:
+                        os.unlink(seg.file(ext))
+                    except FileNotFoundError:
+                        pass
+                dropped += 1
+            return dropped
+
+    def reset(self, start: int) -> None:
+        """Drop everything and continue empty at ``start`` (replica rebuild)."""
+        with self.lock:
+            for seg in self.segments:
+                seg.close()
+                for ext in ("log", "idx", "tix"):
+                    try:
+                        os.unlink(seg.file(ext))
+                    except FileNotFoundError:
+                        pass
+            self.segments = []
+            self._earliest = start
+            self._write_earliest(start)
+            self._new_segment(start)
+            self._open_writer()
+
+    def close(self) -> None:
+        with self.lock:
+            self.sync()
+            if self._wfd is not None:
+                os.close(self._wfd)
+                self._wfd = None
+            for seg in self.segments:
+                seg.close()
+
+    # ---------------------------------------------------------------- reads
+    def _segment_for(self, offset: int) -> Segment | None:
+        bases = [s.base for s in self.segments]
+        i = bisect.bisect_right(bases, offset) - 1
+        return self.segments[i] if i >= 0 else None
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        """Whole batches from the one holding ``offset``, about max_bytes (at least one batch)."""
+        with self.lock:
+            if offset < self._earliest or offset >= self.next_offset:
+                return b""
+            seg = self._segment_for(offset)
+            if seg is None:
+                return b""
+            fd = seg.open_fd()
+            size = seg.size
+            idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
+        pos = 0
+        if idx:
+            i = bisect.bisect_right([o for o, _ in idx], offset) - 1
+            if i >= 0:
+                pos = idx[i][1]
+        out: list[bytes] = []
+        total = 0
+        hs = codec.BATCH_HEADER.size
+        while pos < size and total < max_bytes:
+            first_len = hs + codec.BATCH_HEADER.unpack(os.pread(fd, hs, pos))[0]
+            want = min(max(max_bytes - total, first_len, 64 << 10), size - pos)
+            data = os.pread(fd, want, pos)
+            end = self._whole_prefix(data)
+            if end == 0:
+                raise codec.CorruptBatch(pos, f"segment {seg.file('log')} ends inside a batch")
+            for h in codec.iter_batches(memoryview(data)[:end], verify=False):
+                if h.last_offset < offset:
+                    continue
+                if total and total + h.size > max_bytes:
+                    end = 0
+                    break
+                out.append(data[h.position:h.position + h.size])
+                total += h.size
+            if end == 0:
+                break
+            pos += end
+        result = b"".join(out)
+        # Verify CRCs on what leaves the node: corruption is never served.
+        for _ in codec.iter_batches(result):
+            pass
+        return result
+
+    @staticmethod
+    def _whole_prefix(data: bytes) -> int:
+        pos = 0
+        hs = codec.BATCH_HEADER.size
+        while pos + hs <= len(data):
+            body_len = codec.BATCH_HEADER.unpack_from(data, pos)[0]
+            if pos + hs + body_len > len(data):
+                break
+            pos += hs + body_len
+        return pos
+
+    def offset_for_timestamp(self, ts: int) -> int:
+        """First offset whose store timestamp is >= ts (next_offset if none)."""
+        with self.lock:
+            segs = list(self.segments)
+            earliest = self._earliest
+            nxt = self.next_offset
+        for seg in segs:
+            if seg.last_ts < ts or seg.next_offset <= earliest:
+                continue
+            start = max(seg.base, earliest)
+            tix = _read_pairs(seg.file("tix"), TIX_ENTRY)
+            i = bisect.bisect_left([t for t, _ in tix], ts) - 1
+            if i >= 0:
+                start = max(start, tix[i][1])
+            off = start
+            while off < seg.next_offset:
+                data = self.read(off, 1 << 20)
+                if not data:
+                    break
+                for h in codec.iter_batches(data, verify=False):
+                    if h.store_ts >= ts and h.next_offset > earliest:
+                        return max(h.base_offset, earliest)
+                    off = h.next_offset
+        return nxt

@@ -1,0 +1,354 @@
+"""The gRPC servicer: validate, delegate to the node, map errors to status codes.
+
+Every handler runs inside ``_guard``: a ServiceError becomes its status code
+(with the leader hint in trailing metadata), anything else is logged and
+becomes INTERNAL. No request can take the node down.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import time
+import zlib
+
+import grpc
+
+from . import codec
+from .errors import ServiceError, invalid
+from .node import GRPC_OPTIONS, StorageNode
+from .proto import rmq_pb2, rmq_pb2_grpc
+from .routing import META_GROUP
+
+__all__ = ["MessageLogService", "serve"]
+
+log = logging.getLogger(__name__)
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
+GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+CLEANUP_POLICIES = ("delete", "compact")
+WATERMARK_KINDS = ("archive", "compaction")
+DEFAULT_FETCH_BYTES = 1 << 20
+MAX_FETCH_BYTES = 64 << 20
+MAX_WAIT_MS = 30_000
+
+
+def _guard(fn):
+    @functools.wraps(fn)
+    def wrapper(self, request, context):
+        try:
+            return fn(self, request, context)
+        except ServiceError as e:
+            context.set_trailing_metadata(e.trailing_metadata())
+            context.abort(e.code, e.message)
+        except Exception:
+            log.exception("%s failed", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: internal error (see node log)")
+    return wrapper
+
+
+def check_topic_name(name: str) -> None:
+    if not TOPIC_RE.match(name or ""):
+        raise invalid(f"topic name {name!r} is invalid: use 1-127 characters from [A-Za-z0-9_.-]")
+
+
+def check_queue(cfg: dict, queue: int) -> None:
+    if not 0 <= queue < cfg["queues"]:
+        raise invalid(f"queue {queue} does not exist in topic {cfg['name']!r}: "
+                      f"valid queues are 0..{cfg['queues'] - 1}")
+
+
+def check_config(c: rmq_pb2.TopicConfig) -> None:
+    check_topic_name(c.name)
+    if not 1 <= c.queues <= 4096:
+        raise invalid(f"queues={c.queues}: must be between 1 and 4096")
+    for field in ("retention_ms", "retention_bytes", "local_retention_ms"):
+        if getattr(c, field) < 0:
+            raise invalid(f"{field}={getattr(c, field)}: must be >= 0 (0 = unlimited)")
+    if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
+        raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
+    if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
+        raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
+
+
+def config_to_pb(cfg: dict) -> rmq_pb2.TopicConfig:
+    fields = rmq_pb2.TopicConfig.DESCRIPTOR.fields_by_name
+    return rmq_pb2.TopicConfig(**{k: v for k, v in cfg.items() if k in fields})
+
+
+class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
+    def __init__(self, node: StorageNode):
+        self.node = node
+        self._rr = 0
+
+    # ----------------------------------------------------------------- topics
+    @_guard
+    def CreateTopic(self, request, context):
+        c = request.config
+        check_config(c)
+        cfg = {"name": c.name, "queues": c.queues, "retention_ms": c.retention_ms,
+               "retention_bytes": c.retention_bytes, "cleanup_policy": c.cleanup_policy or "delete",
+               "tier": c.tier, "local_retention_ms": c.local_retention_ms}
+        created = self.node.meta_command(("create_topic", cfg, int(time.time() * 1000)))
+        return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
+
+    @_guard
+    def DeleteTopic(self, request, context):
+        check_topic_name(request.name)
+        self.node.meta_command(("delete_topic", request.name))
+        return rmq_pb2.DeleteTopicResponse()
+
+    @_guard
+    def ListTopics(self, request, context):
+        with self.node.meta.lock:
+            topics = [config_to_pb(t) for _, t in sorted(self.node.meta.topics.items())]
+        return rmq_pb2.ListTopicsResponse(topics=topics)
+
+    @_guard
+    def DescribeTopic(self, request, context):
+        check_topic_name(request.name)
+        cfg = self.node.topic(request.name)
+        archived = self.node.meta.watermark(cfg["name"], "archive")
+        resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg))
+        for q in range(cfg["queues"]):
+            g, ql = self.node.queue_log(cfg, q)
+            resp.queues.add(queue=q, group=g, earliest=ql.earliest if ql else 0,
+                            latest=ql.next_offset if ql else 0, size_bytes=ql.size_bytes if ql else 0,
+                            protected_offset=archived.get(q, -1), leader=self.node.leader_of(g) or "")
+        return resp
+
+    # ---------------------------------------------------------------- produce
+    @_guard
+    def Produce(self, request, context):
+        check_topic_name(request.topic)
+        cfg = self.node.topic(request.topic)
+        msgs = request.messages
+        if not msgs:
+            raise invalid("messages is empty: a produce request needs at least one message")
+        if len(msgs) > self.node.config.max_batch_messages:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"{len(msgs)} messages in one request; the limit is "
+                               f"{self.node.config.max_batch_messages}")
+        if request.queue < -1:
+            raise invalid(f"queue {request.queue}: use 0..{cfg['queues'] - 1}, or -1 to let the service choose")
+        payloads = [m.SerializeToString() for m in msgs]
+        self._check_sizes(payloads)
+        if cfg["cleanup_policy"] == "compact":
+            for i, m in enumerate(msgs):
+                if not m.HasField("key"):
+                    raise invalid(f"message {i} has no key: topic {cfg['name']!r} is compacted "
+                                  "and every message needs a key")
+        if request.queue >= 0:
+            check_queue(cfg, request.queue)
+            res = self.node.produce(cfg, request.queue, payloads, request.producer_id, request.sequence)
+            return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
+        return self._produce_spread(cfg, msgs, payloads)
+
+    def _check_sizes(self, payloads):
+        limit = self.node.config.max_message_bytes
+        total = 0
+        for i, p in enumerate(payloads):
+            if len(p) > limit:
+                raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"message {i} is {len(p)} bytes; the limit is {limit} bytes")
+            total += len(p)
+        if total > self.node.config.max_batch_bytes:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"request carries {total} bytes; the batch limit is "
+                               f"{self.node.config.max_batch_bytes} bytes")
+
+    @staticmethod
+    def _result(queue, res):
+        base, count, ts, dup = res
+        return rmq_pb2.ProduceResult(queue=queue, base_offset=base, count=count,
+                                     store_timestamp=ts, duplicate=dup)
+
+    def _produce_spread(self, cfg, msgs, payloads):
+        """queue=-1: keyed messages go to hash(key) % queues, the rest to one round-robin queue."""
+        self._rr += 1
+        rr = self._rr % cfg["queues"]
+        by_queue: dict[int, list[int]] = {}
+        for i, m in enumerate(msgs):
+            q = zlib.crc32(m.key) % cfg["queues"] if m.HasField("key") else rr
+            by_queue.setdefault(q, []).append(i)
+        resp = rmq_pb2.ProduceResponse()
+        for q, idx in sorted(by_queue.items()):
+            g = self.node.group_of(cfg["name"], q)
+            if self.node.groups[g].is_leader:
+                res = self.node.produce(cfg, q, [payloads[i] for i in idx], "", 0)
+                resp.results.append(self._result(q, res))
+            else:
+                leader = self.node.leader_of(g)
+                if leader is None:
+                    raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"group {g} has no leader yet")
+                fwd = self.node.stub(leader).Produce(rmq_pb2.ProduceRequest(
+                    topic=cfg["name"], queue=q, messages=[msgs[i] for i in idx]), timeout=30)
+                resp.results.extend(fwd.results)
+        return resp
+
+    # ------------------------------------------------------------------ fetch
+    @_guard
+    def Fetch(self, request, context):
+        check_topic_name(request.topic)
+        cfg = self.node.topic(request.topic)
+        check_queue(cfg, request.queue)
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative: offsets start at 0")
+        if request.max_bytes < 0 or request.max_messages < 0 or request.wait_ms < 0:
+            raise invalid("max_bytes, max_messages and wait_ms must be >= 0")
+        g, ql = self.node.queue_log(cfg, request.queue)
+        if not request.allow_follower:
+            self.node.require_leader(g)
+        earliest = ql.earliest if ql else 0
+        latest = ql.next_offset if ql else 0
+        if request.offset < earliest or request.offset > latest:
+            raise ServiceError(grpc.StatusCode.OUT_OF_RANGE,
+                               f"offset {request.offset} is out of range for {cfg['name']}/{request.queue}: "
+                               f"earliest={earliest} latest={latest}")
+        if request.offset == latest and request.wait_ms:
+            ql = self._wait_for_data(cfg, request, g)
+        batches = b""
+        if ql is not None:
+            batches = ql.read(request.offset, min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
+            batches = self._cap_messages(batches, request.offset, request.max_messages)
+            earliest, latest = ql.earliest, ql.next_offset
+        nxt = request.offset
+        for h in codec.iter_batches(batches, verify=False):
+            nxt = h.next_offset
+        return rmq_pb2.FetchResponse(batches=batches, next_offset=nxt, earliest=earliest,
+                                     latest=latest, served_by=self.node.config.address)
+
+    def _wait_for_data(self, cfg, request, g):
+        st = self.node.states[g]
+        deadline = time.monotonic() + min(request.wait_ms, MAX_WAIT_MS) / 1000
+        with st.cond:
+            while True:
+                _, ql = self.node.queue_log(cfg, request.queue)
+                left = deadline - time.monotonic()
+                if (ql is not None and ql.next_offset > request.offset) or left <= 0:
+                    return ql
+                st.cond.wait(left)
+
+    @staticmethod
+    def _cap_messages(batches: bytes, offset: int, max_messages: int) -> bytes:
+        if not max_messages:
+            return batches
+        keep = 0
+        for h in codec.iter_batches(batches, verify=False):
+            if keep and h.base_offset - offset >= max_messages:
+                break
+            keep = h.position + h.size
+        return batches[:keep]
+
+    # ---------------------------------------------------------------- offsets
+    @_guard
+    def Offsets(self, request, context):
+        check_topic_name(request.topic)
+        cfg = self.node.topic(request.topic)
+        if request.group:
+            if request.group not in self.node.states:
+                raise invalid(f"group {request.group}: valid data groups are 1..{self.node.config.groups}")
+            self.node.require_leader(request.group)
+        resp = rmq_pb2.OffsetsResponse()
+        for q in range(cfg["queues"]):
+            g, ql = self.node.queue_log(cfg, q)
+            if request.group and g != request.group:
+                continue
+            resp.queues.add(queue=q, earliest=ql.earliest if ql else 0, latest=ql.next_offset if ql else 0)
+        return resp
+
+    @_guard
+    def OffsetForTimestamp(self, request, context):
+        check_topic_name(request.topic)
+        cfg = self.node.topic(request.topic)
+        check_queue(cfg, request.queue)
+        if request.timestamp < 0:
+            raise invalid(f"timestamp {request.timestamp} is negative: use ms since the epoch")
+        _, ql = self.node.queue_log(cfg, request.queue)
+        off = ql.offset_for_timestamp(request.timestamp) if ql else 0
+        return rmq_pb2.OffsetForTimestampResponse(offset=off)
+
+    def _check_group_topic(self, group: str, topic: str) -> dict:
+        if not GROUP_RE.match(group or ""):
+            raise invalid(f"consumer_group {group!r} is invalid: use 1-255 characters from [A-Za-z0-9_.:-]")
+        check_topic_name(topic)
+        return self.node.topic(topic)
+
+    @_guard
+    def CommitOffsets(self, request, context):
+        cfg = self._check_group_topic(request.consumer_group, request.topic)
+        for q, off in request.offsets.items():
+            check_queue(cfg, q)
+            if off < 0:
+                raise invalid(f"offset {off} for queue {q} is negative")
+        self.node.meta_command(("commit_offsets", request.consumer_group, request.topic,
+                                dict(request.offsets)))
+        return rmq_pb2.CommitOffsetsResponse()
+
+    @_guard
+    def GetCommittedOffsets(self, request, context):
+        self._check_group_topic(request.consumer_group, request.topic)
+        return rmq_pb2.GetCommittedOffsetsResponse(
+            offsets=self.node.meta.committed(request.consumer_group, request.topic))
+
+    @_guard
+    def ListConsumerGroups(self, request, context):
+        check_topic_name(request.topic)
+        self.node.topic(request.topic)
+        return rmq_pb2.ListConsumerGroupsResponse(groups=self.node.meta.groups_for(request.topic))
+
+    @_guard
+    def SetWatermark(self, request, context):
+        check_topic_name(request.topic)
+        cfg = self.node.topic(request.topic)
+        if request.kind not in WATERMARK_KINDS:
+            raise invalid(f"kind={request.kind!r}: allowed {', '.join(WATERMARK_KINDS)}")
+        for q, off in request.offsets.items():
+            check_queue(cfg, q)
+            if off < 0:
+                raise invalid(f"watermark {off} for queue {q} is negative")
+        self.node.meta_command(("set_watermark", request.topic, request.kind, dict(request.offsets)))
+        return rmq_pb2.SetWatermarkResponse()
+
+    # ----------------------------------------------------------------- status
+    @_guard
+    def ClusterStatus(self, request, context):
+        resp = rmq_pb2.ClusterStatusResponse(groups=self.node.config.groups)
+        for addr in self.node.config.addresses:
+            if addr == self.node.config.address:
+                resp.nodes.append(self.node.local_status())
+                continue
+            try:
+                resp.nodes.append(self.node.stub(addr).GetNodeStatus(rmq_pb2.NodeStatusRequest(), timeout=1.0))
+            except grpc.RpcError:
+                resp.nodes.add(address=addr, node_id=self.node.config.addresses.index(addr), reachable=False)
+        return resp
+
+    @_guard
+    def GetNodeStatus(self, request, context):
+        return self.node.local_status()
+
+    @_guard
+    def Health(self, request, context):
+        with_leader = sum(1 for g in self.node.groups if self.node.leader_of(g))
+        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups),
+                                      groups_with_leader=with_leader, groups_total=len(self.node.groups))
+
+    @_guard
+    def ReplicaFetch(self, request, context):
+        data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
+                                      request.max_bytes or DEFAULT_FETCH_BYTES)
+        nxt = request.offset
+        for h in codec.iter_batches(data, verify=False):
+            nxt = h.next_offset
+        return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=nxt)
+
+
+def serve(node: StorageNode, workers: int = 64) -> grpc.Server:
+    from concurrent.futures import ThreadPoolExecutor
+    server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+                         options=GRPC_OPTIONS)
+    rmq_pb2_grpc.add_MessageLogServicer_to_server(MessageLogService(node), server)
+    host, port = node.config.address.rsplit(":", 1)
+    server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    return server

@@ -1,0 +1,188 @@
+"""The replicated state machine of one data raft group (no network here).
+
+Every committed raft entry of a data group is a command tuple applied by
+``DataState.apply``; the results go back to the waiting produce calls. The
+state is the set of queue logs on disk plus the producer-dedupe table.
+
+Apply is idempotent per queue: each batch carries the raft index that wrote
+it, so entries replayed from the journal after a restart (or after a snapshot
+older than the segment files) are recognised and skipped, while the dedupe
+table is still rebuilt from them.
+
+The snapshot (``manifest``) lists queues with their earliest/next offsets and
+the dedupe table - never message payloads. A replica installing a manifest
+fetches the batches it misses from a peer (``fetch_range`` callback).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import shutil
+import threading
+from typing import Callable
+
+from . import codec
+from .segment import QueueLog
+
+__all__ = ["DataState", "queue_dir", "parse_queue_dir"]
+
+log = logging.getLogger(__name__)
+MAX_PRODUCERS_PER_QUEUE = 1000
+REMEMBERED_BATCHES = 8
+
+FetchRange = Callable[[str, int, int], bytes]
+
+
+def queue_dir(topic: str, incarnation: str, queue: int) -> str:
+    return f"{topic}~{incarnation}~{queue}"
+
+
+def parse_queue_dir(name: str) -> tuple[str, str, int]:
+    topic, inc, q = name.split("~")
+    return topic, inc, int(q)
+
+
+class DataState:
+    def __init__(self, root: str, fsync: bool = True, segment_bytes: int = 64 << 20):
+        self.fetch_range: FetchRange | None = None   # set by the node: peer catch-up
+        self.root = root
+        self.fsync = fsync
+        self.segment_bytes = segment_bytes
+        self.queues: dict[str, QueueLog] = {}
+        # qdir -> producer_id -> deque[(seq, base_offset, count, store_ts)]
+        self.producers: dict[str, collections.OrderedDict] = {}
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)   # notified on every apply
+        os.makedirs(root, exist_ok=True)
+        for name in sorted(os.listdir(root)):
+            if "~" in name and os.path.isdir(os.path.join(root, name)):
+                self.queues[name] = self._open(name)
+
+    def _open(self, name: str) -> QueueLog:
+        return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync)
+
+    def queue(self, name: str, create: bool = False) -> QueueLog | None:
+        q = self.queues.get(name)
+        if q is None and create:
+            with self.lock:
+                q = self.queues.get(name)
+                if q is None:
+                    q = self.queues[name] = self._open(name)
+        return q
+
+    # ------------------------------------------------------------------ apply
+    def apply(self, raft_index: int, cmd: tuple):
+        kind = cmd[0]
+        if kind == "produce":
+            res = [self._apply_batch(raft_index, *item) for item in cmd[1]]
+        elif kind == "truncate":
+            q = self.queue(cmd[1])
+            res = q.truncate_prefix(cmd[2]) if q is not None else 0
+        elif kind == "drop":
+            res = self._drop(cmd[1])
+        else:
+            res = ("error", f"unknown command {kind!r}")
+        with self.cond:
+            self.cond.notify_all()
+        return res
+
+    def _apply_batch(self, raft_index, qname, producer, seq, store_ts, count, records):
+        q = self.queue(qname, create=True)
+        if producer:
+            dup = self._find_duplicate(qname, producer, seq)
+            if dup is not None:
+                return dup
+        if raft_index <= q.last_raft_index:
+            base, ts = -1, store_ts    # replay of a batch already in the segments
+        else:
+            base, ts = q.next_offset, max(store_ts, q.last_ts)
+            frame = codec.frame_batch(base, ts, count, raft_index, records)
+            q.append(frame, codec.BatchHeader(0, len(frame), base, ts, count, raft_index, base + count - 1))
+        if producer:
+            self._remember(qname, producer, seq, base, count, ts)
+        return (base, count, ts, False)
+
+    def _find_duplicate(self, qname, producer, seq):
+        batches = self.producers.get(qname, {}).get(producer)
+        if not batches or seq > batches[-1][0]:
+            return None
+        for s, base, count, ts in batches:
+            if s == seq:
+                return (base, count, ts, True)
+        return (-1, 0, 0, True)      # older than what we remember: applied before
+
+    def _remember(self, qname, producer, seq, base, count, ts):
+        table = self.producers.setdefault(qname, collections.OrderedDict())
+        batches = table.pop(producer, None) or collections.deque(maxlen=REMEMBERED_BATCHES)
+        batches.append((seq, base, count, ts))
+        table[producer] = batches
+        while len(table) > MAX_PRODUCERS_PER_QUEUE:
+            table.popitem(last=False)
+
+    def _drop(self, qname: str) -> int:
+        with self.lock:
+            q = self.queues.pop(qname, None)
+            self.producers.pop(qname, None)
+        if q is None:
+            return 0
+        q.close()
+        shutil.rmtree(q.path, ignore_errors=True)
+        return 1
+
+    def sync(self) -> None:
+        for q in list(self.queues.values()):
+            q.sync()
+
+    def close(self) -> None:
+        for q in list(self.queues.values()):
+            q.close()
+
+    # --------------------------------------------------------------- snapshot
+    def manifest(self) -> dict:
+        self.sync()   # the snapshot never claims data that is not on disk
+        return {
+            "queues": {n: [q.earliest, q.next_offset] for n, q in self.queues.items()},
+            "producers": {n: {p: list(map(list, b)) for p, b in t.items()}
+                          for n, t in self.producers.items()},
+        }
+
+    def snapshot(self) -> bytes:
+        return json.dumps(self.manifest()).encode()
+
+    def restore(self, data: bytes, index: int, leader: str | None) -> None:
+        self.install(json.loads(data), self.fetch_range, index)
+
+    def install(self, manifest: dict, fetch_range: FetchRange | None, index: int) -> None:
+        """Make local queues match the manifest of a snapshot taken at raft ``index``.
+
+        Queues behind the manifest fetch the missing batches from a peer;
+        queues written after the snapshot (raft index > ``index``) are kept.
+        """
+        for name, (earliest, nxt) in manifest["queues"].items():
+            q = self.queue(name, create=True)
+            if q.next_offset < earliest or q.earliest > nxt:
+                q.reset(earliest)
+            if q.next_offset < nxt:
+                if fetch_range is None:
+                    raise RuntimeError(f"queue {name}: local data ends at {q.next_offset}, "
+                                       f"snapshot needs {nxt}, and no peer to fetch from")
+                while q.next_offset < nxt:
+                    frames = fetch_range(name, q.next_offset, nxt)
+                    if not frames:
+                        raise RuntimeError(f"queue {name}: peers returned nothing at {q.next_offset}")
+                    q.append_frames(frames)
+                q.sync()
+            if earliest > q.earliest:
+                q.truncate_prefix(earliest)
+        for name in list(self.queues):
+            if name not in manifest["queues"] and self.queues[name].last_raft_index <= index:
+                self._drop(name)
+        self.producers = {
+            n: collections.OrderedDict(
+                (p, collections.deque(map(tuple, b), maxlen=REMEMBERED_BATCHES)) for p, b in t.items())
+            for n, t in manifest["producers"].items()}
+        with self.cond:
+            self.cond.notify_all()
+

@@ -1,0 +1,50 @@
+"""Shared fixtures: a real local cluster (one OS process per node) on loopback."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from storage_service.local import LocalCluster
+from rmq_spark.client import Client
+
+
+def start_cluster(path, nodes: int = 3, groups: int = 3, extra_args=()) -> LocalCluster:
+    cluster = LocalCluster(nodes=nodes, groups=groups, data_dir=str(path),
+                           extra_args=["--retention-interval", "0.5", *extra_args])
+    cluster.start(timeout=90)
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster.endpoints, timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def topic(client, request):
+    """A fresh topic per test, named after it."""
+    name = "t-" + request.node.name.replace("[", "-").replace("]", "")[:100]
+    name = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
+    client.create_topic(name, queues=4)
+    return name
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
