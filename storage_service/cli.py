@@ -24,6 +24,8 @@ def _parse(argv):
     n.add_argument("--max-message-bytes", type=int, default=4 << 20)
     n.add_argument("--retention-interval", type=float, default=5.0, help="seconds between retention passes")
     n.add_argument("--segment-bytes", type=int, default=64 << 20)
+    n.add_argument("--compaction-entries", type=int, default=2000,
+                   help="snapshot + compact the raft log after this many entries")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=3)
@@ -36,6 +38,7 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from .node import NodeConfig, StorageNode
+    from .raft import RaftTiming
     from .service import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -47,7 +50,8 @@ def run_node(args) -> int:
                                   data_dir=args.data_dir, fsync=args.fsync,
                                   max_message_bytes=args.max_message_bytes,
                                   segment_bytes=args.segment_bytes,
-                                  retention_interval=args.retention_interval))
+                                  retention_interval=args.retention_interval,
+                                  timing=RaftTiming(compaction_entries=args.compaction_entries)))
     server = serve(node)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

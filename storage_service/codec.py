@@ -5,7 +5,10 @@ and replicated as one unit, so the per-message work on the hot path is done
 once by the producer side (building the records blob) and never again:
 
     batch   = u32 body_len | u32 crc32c(body) | body
-    body    = u64 base_offset | i64 store_ts | u32 count | u64 raft_index | records
+    body    = u64 base_offset | i64 store_ts | u32 count | u64 position | records
+
+``position`` is where the batch was applied (raft index and item number, see
+``state.apply_position``); it makes re-applying a replayed raft entry a no-op.
     records = (u32 offset_delta | u32 msg_len | Message protobuf bytes) * count
 
 ``offset_delta`` makes room for compaction, which may drop records from a
@@ -25,7 +28,7 @@ __all__ = [
 ]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
-BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, raft_index
+BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, position
 RECORD_HEADER = struct.Struct("<II")         # offset_delta, msg_len
 MAX_BATCH_BYTES = 1 << 30
 
@@ -46,7 +49,7 @@ class BatchHeader:
     base_offset: int
     store_ts: int
     count: int
-    raft_index: int
+    apply_position: int  # raft index + item number that appended it
     last_offset: int     # offset of the last record in the batch
 
     @property
@@ -64,18 +67,23 @@ def encode_records(messages: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def frame_batch(base_offset: int, store_ts: int, count: int, raft_index: int,
+def frame_batch(base_offset: int, store_ts: int, count: int, position: int,
                 records: bytes) -> bytes:
     """Wrap a records blob into a framed, checksummed batch."""
-    body = BODY_HEADER.pack(base_offset, store_ts, count, raft_index) + records
+    body = BODY_HEADER.pack(base_offset, store_ts, count, position) + records
     return BATCH_HEADER.pack(len(body), crc32c.crc32c(body)) + body
 
 
 def _last_delta(records: memoryview | bytes, count: int) -> int:
+    """Offset delta of the last record; ValueError if the records overrun the body."""
     pos, delta = 0, 0
     for _ in range(count):
+        if pos + RECORD_HEADER.size > len(records):
+            raise ValueError("record header past the end of the batch")
         delta, n = RECORD_HEADER.unpack_from(records, pos)
         pos += RECORD_HEADER.size + n
+        if pos > len(records):
+            raise ValueError("record body past the end of the batch")
     return delta
 
 
@@ -92,11 +100,14 @@ def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
     body = memoryview(buf)[start:end]
     if verify and crc32c.crc32c(body) != crc:
         raise CorruptBatch(pos, "crc mismatch")
-    base, ts, count, raft_index = BODY_HEADER.unpack_from(body, 0)
+    base, ts, count, apply_pos = BODY_HEADER.unpack_from(body, 0)
     if count == 0:
         raise CorruptBatch(pos, "empty batch")
-    last = base + _last_delta(body[BODY_HEADER.size:], count)
-    return BatchHeader(pos, end - pos, base, ts, count, raft_index, last)
+    try:
+        last = base + _last_delta(body[BODY_HEADER.size:], count)
+    except ValueError as e:
+        raise CorruptBatch(pos, str(e)) from None
+    return BatchHeader(pos, end - pos, base, ts, count, apply_pos, last)
 
 
 def iter_batches(buf: bytes | memoryview, verify: bool = True) -> Iterator[BatchHeader]:

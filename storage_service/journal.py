@@ -171,6 +171,7 @@ class DurableJournal(Journal):
         if not self._f.closed:
             self.sync()
             self._f.close()
+            self._store_meta()
 
     def setRaftCommitIndex(self, raftCommitIndex):
         self._meta["commitIndex"] = raftCommitIndex

@@ -17,8 +17,10 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 * Snapshots: the state machine provides ``snapshot() -> bytes`` and
   ``restore(bytes, index, leader)``; a data group's snapshot is a segment
   manifest, never the message payloads.
-* Ticks: ``autoTick`` is off; our thread ticks, and wakes at once when a
-  command is queued, so short commit latency does not need a busy tick.
+* Ticks: ``autoTick`` is off so the journal can be swapped before the first
+  tick; our thread ticks. Appends go out as soon as a command is queued
+  (``appendEntriesUseBatch=False``: pysyncobj wakes its poller through a
+  pipe), so short commit latency does not need a busy tick.
 """
 from __future__ import annotations
 
@@ -76,12 +78,13 @@ class RaftGroup(SyncObj):
             logCompactionMinEntries=timing.compaction_entries,
             logCompactionMinTime=timing.compaction_seconds,
             appendEntriesBatchSizeBytes=256 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
-            commandsQueueSize=100_000, dynamicMembershipChange=False)
+            commandsQueueSize=100_000, dynamicMembershipChange=False,
+            # Send appends as soon as a command is queued (pysyncobj then wakes
+            # its poller through a pipe) instead of waiting for the next
+            # heartbeat: group commit already makes the entries big.
+            appendEntriesUseBatch=False)
         super().__init__(self_addr, [p for p in peers if p != self_addr], conf)
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._poller.subscribe(self._wake_r, self._on_wake, 1)
         self._running = True
         self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
         self._thread.start()
@@ -187,16 +190,8 @@ class RaftGroup(SyncObj):
     def submit(self, cmd, callback: Callable) -> None:
         """Queue a command; ``callback(result, fail_reason)`` runs on the tick thread."""
         self.apply_command(cmd, callback=callback)
-        os.write(self._wake_w, b"x")
 
     # ------------------------------------------------------------ tick loop
-    def _on_wake(self, fd, event):
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
-
     def _tick_loop(self) -> None:
         while self._running:
             try:
@@ -225,8 +220,3 @@ class RaftGroup(SyncObj):
         finally:
             self.journal._destroy()
             self.state.close()
-            for fd in (self._wake_r, self._wake_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass

@@ -24,7 +24,8 @@ def retention_cutoff(segments: Sequence[SegmentInfo], now_ms: int, retention_ms:
     """Return the new earliest offset (the base of the first segment kept).
 
     A sealed segment may go when it is older than ``retention_ms`` (its newest
-    record) or the queue is over ``retention_bytes`` without it. Either limit
+    record) or when the queue stays at or above ``retention_bytes`` without it
+    (as in Kafka: at least ``retention_bytes`` are kept). Either limit
     is off when 0. ``protected`` (the archived watermark of a tiered topic)
     caps the result: nothing at or above it is deleted, and a tiered topic
     with no watermark yet (``protected == 0``) deletes nothing.
@@ -35,7 +36,7 @@ def retention_cutoff(segments: Sequence[SegmentInfo], now_ms: int, retention_ms:
     total = sum(s.size for s in segments)
     for seg in segments[:-1]:
         too_old = retention_ms > 0 and seg.last_ts < now_ms - retention_ms
-        too_big = retention_bytes > 0 and total > retention_bytes
+        too_big = retention_bytes > 0 and total - seg.size >= retention_bytes
         if not (too_old or too_big):
             break
         if protected is not None and seg.next_offset > protected:

@@ -52,7 +52,7 @@ class Segment:
     size: int
     first_ts: int = -1
     last_ts: int = -1
-    last_raft_index: int = 0
+    last_position: int = 0
     fd: int | None = field(default=None, repr=False)
 
     def file(self, ext: str) -> str:
@@ -85,6 +85,7 @@ class QueueLog:
         self.lock = threading.RLock()
         self.segments: list[Segment] = []
         self._earliest = 0
+        self.recent: dict[int, tuple[int, int]] = {}
         self._wfd: int | None = None
         self._idx_since = 0   # bytes appended since the last offset-index entry
         self._dirty = False
@@ -133,7 +134,7 @@ class QueueLog:
         if headers:
             seg.next_offset = headers[-1].next_offset
             seg.last_ts = headers[-1].store_ts
-            seg.last_raft_index = headers[-1].raft_index
+            seg.last_position = headers[-1].apply_position
         seg.first_ts = tix[0][0] if tix else seg.last_ts
         if start + valid != seg.size:
             log.warning("segment %s: %d bytes past the last valid batch in a sealed segment",
@@ -163,11 +164,14 @@ class QueueLog:
         self._idx_since = since
         self._rewrite(seg.file("idx"), IDX_ENTRY, idx)
         self._rewrite(seg.file("tix"), TIX_ENTRY, tix)
+        # apply position -> (base offset, store ts) of the tail's batches, so a
+        # journal replay after restart can answer a retry with real offsets.
+        self.recent = {h.apply_position: (h.base_offset, h.store_ts) for h in headers}
         if headers:
             seg.next_offset = headers[-1].next_offset
             seg.first_ts = headers[0].store_ts
             seg.last_ts = headers[-1].store_ts
-            seg.last_raft_index = headers[-1].raft_index
+            seg.last_position = headers[-1].apply_position
         return seg
 
     @staticmethod
@@ -199,10 +203,10 @@ class QueueLog:
         return self.segments[-1].next_offset
 
     @property
-    def last_raft_index(self) -> int:
+    def last_position(self) -> int:
         for seg in reversed(self.segments):
-            if seg.last_raft_index:
-                return seg.last_raft_index
+            if seg.last_position:
+                return seg.last_position
         return 0
 
     @property
@@ -239,7 +243,7 @@ class QueueLog:
             if seg.first_ts < 0:
                 seg.first_ts = h.store_ts
             seg.last_ts = h.store_ts
-            seg.last_raft_index = h.raft_index
+            seg.last_position = h.apply_position
             self._dirty = True
 
     def append_frames(self, frames: bytes) -> int:
@@ -265,11 +269,14 @@ class QueueLog:
     def truncate_prefix(self, offset: int) -> int:
         """Move earliest up to ``offset`` and delete whole segments below it.
 
+        ``offset`` is rounded down to a batch boundary, so earliest is always
+        the first offset of a stored batch (replicas can copy from there).
+
         Returns the number of segments deleted. The active segment is never
         deleted; if offset passes the end, earliest stops at next_offset.
         """
         with self.lock:
-            offset = min(offset, self.next_offset)
+            offset = self._batch_start(min(offset, self.next_offset))
             if offset <= self._earliest:
                 return 0
             self._earliest = offset
@@ -285,6 +292,14 @@ class QueueLog:
                         pass
                 dropped += 1
             return dropped
+
+    def _batch_start(self, offset: int) -> int:
+        """Round an offset down to the first offset of the batch holding it."""
+        if offset >= self.next_offset:
+            return offset
+        for h in codec.iter_batches(self.read(offset, 1), verify=False):
+            return max(h.base_offset, self._earliest)
+        return offset
 
     def reset(self, start: int) -> None:
         """Drop everything and continue empty at ``start`` (replica rebuild)."""
@@ -343,7 +358,9 @@ class QueueLog:
             end = self._whole_prefix(data)
             if end == 0:
                 raise codec.CorruptBatch(pos, f"segment {seg.file('log')} ends inside a batch")
-            for h in codec.iter_batches(memoryview(data)[:end], verify=False):
+            # CRC-check every batch parsed, also the ones skipped: a bad header
+            # must never make a read silently jump over data.
+            for h in codec.iter_batches(memoryview(data)[:end]):
                 if h.last_offset < offset:
                     continue
                 if total and total + h.size > max_bytes:
@@ -354,11 +371,7 @@ class QueueLog:
             if end == 0:
                 break
             pos += end
-        result = b"".join(out)
-        # Verify CRCs on what leaves the node: corruption is never served.
-        for _ in codec.iter_batches(result):
-            pass
-        return result
+        return b"".join(out)
 
     @staticmethod
     def _whole_prefix(data: bytes) -> int:

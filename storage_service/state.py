@@ -4,8 +4,8 @@ Every committed raft entry of a data group is a command tuple applied by
 ``DataState.apply``; the results go back to the waiting produce calls. The
 state is the set of queue logs on disk plus the producer-dedupe table.
 
-Apply is idempotent per queue: each batch carries the raft index that wrote
-it, so entries replayed from the journal after a restart (or after a snapshot
+Apply is idempotent per queue: each batch carries its apply position (raft
+index and item number within the entry), so entries replayed from the journal after a restart (or after a snapshot
 older than the segment files) are recognised and skipped, while the dedupe
 table is still rebuilt from them.
 
@@ -26,13 +26,24 @@ from typing import Callable
 from . import codec
 from .segment import QueueLog
 
-__all__ = ["DataState", "queue_dir", "parse_queue_dir"]
+__all__ = ["DataState", "apply_position", "queue_dir", "parse_queue_dir"]
 
 log = logging.getLogger(__name__)
 MAX_PRODUCERS_PER_QUEUE = 1000
 REMEMBERED_BATCHES = 8
 
 FetchRange = Callable[[str, int, int], bytes]
+
+
+POSITION_BITS = 20     # items per raft entry: < 2**20
+
+
+def apply_position(raft_index: int, item: int) -> int:
+    """Where a batch was applied: raft index and item number in one sortable int.
+
+    Stored in the batch header, it makes apply idempotent per queue.
+    """
+    return (raft_index << POSITION_BITS) | item
 
 
 def queue_dir(topic: str, incarnation: str, queue: int) -> str:
@@ -76,7 +87,10 @@ class DataState:
     def apply(self, raft_index: int, cmd: tuple):
         kind = cmd[0]
         if kind == "produce":
-            res = [self._apply_batch(raft_index, *item) for item in cmd[1]]
+            # One raft entry may carry several batches, even for one queue;
+            # each gets its own apply position (raft index, item number).
+            res = [self._apply_batch(apply_position(raft_index, i), *item)
+                   for i, item in enumerate(cmd[1])]
         elif kind == "truncate":
             q = self.queue(cmd[1])
             res = q.truncate_prefix(cmd[2]) if q is not None else 0
@@ -88,18 +102,20 @@ class DataState:
             self.cond.notify_all()
         return res
 
-    def _apply_batch(self, raft_index, qname, producer, seq, store_ts, count, records):
+    def _apply_batch(self, position, qname, producer, seq, store_ts, count, records):
         q = self.queue(qname, create=True)
         if producer:
             dup = self._find_duplicate(qname, producer, seq)
             if dup is not None:
                 return dup
-        if raft_index <= q.last_raft_index:
-            base, ts = -1, store_ts    # replay of a batch already in the segments
+        if position <= q.last_position:
+            # Replay of a batch already in the segments (journal replay after
+            # a restart): rebuild the dedupe entry, write nothing.
+            base, ts = q.recent.get(position, (-1, store_ts))
         else:
             base, ts = q.next_offset, max(store_ts, q.last_ts)
-            frame = codec.frame_batch(base, ts, count, raft_index, records)
-            q.append(frame, codec.BatchHeader(0, len(frame), base, ts, count, raft_index, base + count - 1))
+            frame = codec.frame_batch(base, ts, count, position, records)
+            q.append(frame, codec.BatchHeader(0, len(frame), base, ts, count, position, base + count - 1))
         if producer:
             self._remember(qname, producer, seq, base, count, ts)
         return (base, count, ts, False)
@@ -168,6 +184,7 @@ class DataState:
                 if fetch_range is None:
                     raise RuntimeError(f"queue {name}: local data ends at {q.next_offset}, "
                                        f"snapshot needs {nxt}, and no peer to fetch from")
+                log.info("queue %s: catching up [%d, %d) from peers", name, q.next_offset, nxt)
                 while q.next_offset < nxt:
                     frames = fetch_range(name, q.next_offset, nxt)
                     if not frames:
@@ -177,7 +194,7 @@ class DataState:
             if earliest > q.earliest:
                 q.truncate_prefix(earliest)
         for name in list(self.queues):
-            if name not in manifest["queues"] and self.queues[name].last_raft_index <= index:
+            if name not in manifest["queues"] and self.queues[name].last_position < apply_position(index + 1, 0):
                 self._drop(name)
         self.producers = {
             n: collections.OrderedDict(

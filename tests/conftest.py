@@ -12,7 +12,8 @@ from rmq_spark.client import Client
 
 def start_cluster(path, nodes: int = 3, groups: int = 3, extra_args=()) -> LocalCluster:
     cluster = LocalCluster(nodes=nodes, groups=groups, data_dir=str(path),
-                           extra_args=["--retention-interval", "0.5", *extra_args])
+                           extra_args=["--retention-interval", "0.5", "--segment-bytes", str(64 << 10),
+                                       *extra_args])
     cluster.start(timeout=90)
     return cluster
 

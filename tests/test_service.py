@@ -1,0 +1,181 @@
+"""Produce, fetch, offsets, long-poll, consumer offsets and errors on a real 3-node cluster."""
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from rmq_spark.client import (Client, InvalidArgument, Message, NotFound, NotLeader, OutOfRange,
+                              ResourceExhausted)
+from storage_service.proto import rmq_pb2, rmq_pb2_grpc
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_produce_spreads_over_groups_and_reads_back(client, topic):
+    for q in range(4):
+        client.produce(topic, [f"q{q}-{i}".encode() for i in range(10)], queue=q)
+    groups = {client.group_of(topic, q) for q in range(4)}
+    assert len(groups) > 1, "test topic should span several raft groups"
+    for q in range(4):
+        got = client.fetch(topic, q, 0)
+        assert [r.value for r in got.records] == [f"q{q}-{i}".encode() for i in range(10)]
+        assert [r.offset for r in got.records] == list(range(10))
+
+
+def test_all_message_fields_round_trip(client, topic):
+    m = Message(value=b"\x00\xffbin", key=b"k", tags="TagA", properties={"a": "1", "b": "2"},
+                born_timestamp=1234)
+    [res] = client.produce(topic, [m], queue=1)
+    [r] = client.fetch(topic, 1, res.base_offset).records
+    assert (r.key, r.value, r.tags, r.properties, r.born_timestamp) == (b"k", b"\x00\xffbin", "TagA",
+                                                                          {"a": "1", "b": "2"}, 1234)
+    assert r.store_timestamp == res.store_timestamp and r.msg_id
+
+
+def test_service_chooses_queue_by_key_hash(client, topic):
+    res = client.produce(topic, [Message(value=b"1", key=b"user-7"), Message(value=b"2", key=b"user-7")])
+    assert len(res) == 1 and res[0].count == 2
+    again = client.produce(topic, [Message(value=b"3", key=b"user-7")])
+    assert again[0].queue == res[0].queue
+
+
+def test_store_timestamps_non_decreasing_and_timestamp_seek(client, topic):
+    stamps = []
+    for i in range(5):
+        stamps.append(client.produce(topic, [f"m{i}".encode()], queue=0)[0].store_timestamp)
+        time.sleep(0.01)
+    assert stamps == sorted(stamps)
+    assert client.offset_for_timestamp(topic, 0, stamps[2]) <= 2
+    assert client.offset_for_timestamp(topic, 0, stamps[-1] + 1) == 5
+    assert client.offset_for_timestamp(topic, 0, 0) == 0
+
+
+def test_long_poll_returns_when_data_arrives(client, topic):
+    timer = threading.Timer(0.3, lambda: client.produce(topic, [b"late"], queue=3))
+    timer.start()
+    t0 = time.monotonic()
+    got = client.fetch(topic, 3, 0, wait_ms=5000)
+    timer.join()
+    assert [r.value for r in got.records] == [b"late"]
+    assert time.monotonic() - t0 < 4.5
+
+
+def test_long_poll_times_out_empty(client, topic):
+    got = client.fetch(topic, 2, 0, wait_ms=200)
+    assert got.records == [] and got.next_offset == 0
+
+
+def test_offsets_and_consumer_group_offsets(client, topic):
+    client.produce(topic, [b"x"] * 7, queue=1)
+    offs = {o.queue: (o.earliest, o.latest) for o in client.offsets(topic)}
+    assert offs == {0: (0, 0), 1: (0, 7), 2: (0, 0), 3: (0, 0)}
+    client.commit_offsets("g1", topic, {1: 5})
+    assert client.committed_offsets("g1", topic) == {1: 5}
+    assert "g1" in client.consumer_groups(topic)
+
+
+def test_idempotent_retry_is_applied_once(client, topic):
+    first = client.produce(topic, [b"a", b"b"], queue=0, producer_id="p1", sequence=100)
+    retry = client.produce(topic, [b"a", b"b"], queue=0, producer_id="p1", sequence=100)
+    assert retry[0].duplicate and retry[0].base_offset == first[0].base_offset
+    older = client.produce(topic, [b"z"], queue=0, producer_id="p1", sequence=50)
+    assert older[0].duplicate
+    assert client.offsets(topic)[0].latest == 2
+
+
+def test_follower_read_and_not_leader_redirect(cluster, client, topic):
+    client.produce(topic, [b"r1", b"r2"], queue=2)
+    g = client.group_of(topic, 2)
+    leader = client.cluster_status()["nodes"][0]["groups"][g]["leader"]
+    followers = [a for a in cluster.addresses if a != leader]
+    # a follower serves committed data when asked (it may lag by a tick)
+    got = wait_until(lambda: client.fetch(topic, 2, 0, from_follower=True, address=followers[0]).records,
+                     what="follower to apply")
+    assert [r.value for r in got] == [b"r1", b"r2"]
+    # a follower refuses to take a write and names the leader
+    with grpc.insecure_channel(followers[1]) as ch:
+        with pytest.raises(grpc.RpcError) as exc:
+            rmq_pb2_grpc.MessageLogStub(ch).Produce(rmq_pb2.ProduceRequest(
+                topic=topic, queue=2, messages=[rmq_pb2.Message(value=b"x")]), timeout=5)
+    assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert ("rmq-leader", leader) in exc.value.trailing_metadata()
+
+
+@pytest.mark.parametrize("call, error, text", [
+    (lambda c, t: c.produce("bad name!", [b"x"], queue=0), InvalidArgument, "topic name"),
+    (lambda c, t: c.produce("no-such-topic", [b"x"], queue=0), NotFound, "does not exist"),
+    (lambda c, t: c.produce(t, [], queue=0), InvalidArgument, "at least one message"),
+    (lambda c, t: c.produce(t, [b"x"], queue=9), InvalidArgument, "valid queues are 0..3"),
+    (lambda c, t: c.produce(t, [b"x" * (5 << 20)], queue=0), ResourceExhausted, "limit"),
+    (lambda c, t: c.fetch(t, 0, -1), InvalidArgument, "negative"),
+    (lambda c, t: c.fetch(t, 0, 99), OutOfRange, "earliest=0 latest=0"),
+    (lambda c, t: c.create_topic(t), Exception, "already exists"),
+    (lambda c, t: c.create_topic("x" * 128), InvalidArgument, "1-127"),
+    (lambda c, t: c.create_topic("ok-name", queues=0), InvalidArgument, "queues=0"),
+    (lambda c, t: c.create_topic("ok-name2", cleanup_policy="shred"), InvalidArgument, "cleanup_policy"),
+    (lambda c, t: c.commit_offsets("g", t, {7: 1}), InvalidArgument, "queue 7"),
+])
+def test_bad_input_is_rejected_and_changes_nothing(client, topic, call, error, text):
+    before = client.offsets(topic)
+    with pytest.raises(error) as exc:
+        call(client, topic)
+    assert text in str(exc.value)
+    assert client.offsets(topic) == before
+    assert {t["name"] for t in client.list_topics()} >= {topic}
+    assert "ok-name" not in {t["name"] for t in client.list_topics()}
+
+
+def test_out_of_range_error_carries_bounds(client, topic):
+    client.produce(topic, [b"1", b"2"], queue=0)
+    with pytest.raises(OutOfRange) as exc:
+        client.fetch(topic, 0, 5)
+    assert (exc.value.earliest, exc.value.latest) == (0, 2)
+
+
+def test_delete_topic(client):
+    client.create_topic("to-delete", queues=2)
+    client.produce("to-delete", [b"x"], queue=0)
+    client.delete_topic("to-delete")
+    with pytest.raises(NotFound):
+        client.fetch("to-delete", 0, 0)
+    client.create_topic("to-delete", queues=2)          # re-create: a new, empty topic
+    assert [o.latest for o in client.offsets("to-delete")] == [0, 0]
+
+
+def test_retention_by_bytes_advances_earliest(client):
+    client.create_topic("ret-bytes", queues=1, retention_bytes=256 << 10)
+    for _ in range(40):
+        client.produce("ret-bytes", [b"v" * 1024] * 20, queue=0)      # 800 KiB in 64 KiB segments
+    o = wait_until(lambda: (lambda x: x if x.earliest > 0 else None)(client.offsets("ret-bytes")[0]),
+                   what="retention to delete segments")
+    assert o.latest == 800
+    d = client.describe_topic("ret-bytes")["queue_info"][0]
+    assert d["size_bytes"] <= (256 << 10) + (128 << 10)
+    got = client.fetch("ret-bytes", 0, o.earliest)
+    assert got.records[0].offset == o.earliest
+    with pytest.raises(OutOfRange):
+        client.fetch("ret-bytes", 0, 0)
+
+
+def test_retention_by_time(client):
+    client.create_topic("ret-time", queues=1, retention_ms=1000)
+    for _ in range(10):
+        client.produce("ret-time", [b"v" * 1024] * 20, queue=0)
+    time.sleep(1.2)
+    client.produce("ret-time", [b"new"], queue=0)
+    wait_until(lambda: client.offsets("ret-time")[0].earliest > 0, what="time retention")
+    assert client.offsets("ret-time")[0].latest == 201
+
+
+def test_cluster_status_names_pids_and_leaders(cluster, client):
+    st = client.cluster_status()
+    assert st["groups"] == 3
+    assert sorted(n["pid"] for n in st["nodes"]) == sorted(cluster.pid(i) for i in range(3))
+    for n in st["nodes"]:
+        assert len(n["groups"]) == 4
+        assert all(g["leader"] in cluster.addresses for g in n["groups"])

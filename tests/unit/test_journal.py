@@ -1,0 +1,195 @@
+"""DurableJournal: pysyncobj's Journal interface on CRC-framed records (storage_service.journal)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from storage_service.journal import FSYNC_POLICIES, DurableJournal
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def jpath(tmp_path):
+    return str(tmp_path / "raft")
+
+
+def _entries(j: DurableJournal) -> list[tuple[bytes, int, int]]:
+    return [j[i] for i in range(len(j))]
+
+
+def _filled(jpath, n: int = 5, fsync: str = "none") -> DurableJournal:
+    j = DurableJournal(jpath, fsync)
+    for i in range(1, n + 1):
+        j.add(b"cmd-%d" % i, i, 1 + i // 3)
+    j.sync()
+    return j
+
+
+def _reopen(j: DurableJournal, jpath) -> DurableJournal:
+    j._destroy()
+    return DurableJournal(jpath, "none")
+
+
+def test_new_journal_is_empty_with_defaults(jpath):
+    j = DurableJournal(jpath)
+    assert len(j) == 0
+    assert (j.getCurrentTerm(), j.getVotedForNodeId(), j.getRaftCommitIndex()) == (0, None, 1)
+
+
+def test_add_getitem_len(jpath):
+    j = _filled(jpath, 3)
+    assert len(j) == 3
+    assert j[0] == (b"cmd-1", 1, 1)
+    assert j[-1] == (b"cmd-3", 3, 2)
+    assert _entries(j) == [(b"cmd-1", 1, 1), (b"cmd-2", 2, 1), (b"cmd-3", 3, 2)]
+
+
+def test_add_accepts_bytearray_and_memoryview(jpath):
+    j = DurableJournal(jpath, "none")
+    j.add(bytearray(b"ab"), 1, 1)
+    j.add(memoryview(b"cd"), 2, 1)
+    assert [j[0][0], j[1][0]] == [b"ab", b"cd"]
+    assert all(type(e[0]) is bytes for e in _entries(j))
+
+
+def test_slicing_works_like_a_list(jpath):
+    j = _filled(jpath, 5)
+    assert [e[1] for e in j[1:3]] == [2, 3]
+
+
+def test_delete_entries_from_drops_the_tail(jpath):
+    j = _filled(jpath, 5)
+    j.deleteEntriesFrom(2)
+    assert [e[1] for e in _entries(j)] == [1, 2]
+    j.add(b"new", 3, 7)
+    assert _entries(j)[-1] == (b"new", 3, 7)
+
+
+def test_delete_entries_from_survives_reopen(jpath):
+    j = _filled(jpath, 5)
+    j.deleteEntriesFrom(2)
+    j.add(b"new", 3, 7)
+    j2 = _reopen(j, jpath)
+    assert [(e[0], e[1]) for e in _entries(j2)] == [(b"cmd-1", 1), (b"cmd-2", 2), (b"new", 3)]
+
+
+def test_delete_entries_from_zero_empties_the_journal(jpath):
+    j = _filled(jpath, 5)
+    j.deleteEntriesFrom(0)
+    assert len(j) == 0
+    assert os.path.getsize(jpath + ".log") == 0
+    assert len(_reopen(j, jpath)) == 0
+
+
+def test_delete_entries_from_past_the_end_is_a_no_op(jpath):
+    j = _filled(jpath, 3)
+    size = j.size_bytes
+    j.deleteEntriesFrom(3)
+    j.deleteEntriesFrom(10)
+    assert (len(j), j.size_bytes) == (3, size)
+
+
+def test_delete_entries_to_drops_the_head(jpath):
+    j = _filled(jpath, 5)
+    j.deleteEntriesTo(3)
+    assert [e[1] for e in _entries(j)] == [4, 5]
+    j.add(b"cmd-6", 6, 3)
+    assert [e[1] for e in _entries(_reopen(j, jpath))] == [4, 5, 6]
+
+
+def test_delete_entries_to_shrinks_the_file(jpath):
+    j = _filled(jpath, 5)
+    before = j.size_bytes
+    j.deleteEntriesTo(4)
+    assert j.size_bytes < before
+    assert os.path.getsize(jpath + ".log") == j.size_bytes
+
+
+def test_clear_empties_and_stays_usable(jpath):
+    j = _filled(jpath, 5)
+    j.clear()
+    assert (len(j), j.size_bytes) == (0, 0)
+    j.add(b"again", 9, 4)
+    assert _entries(_reopen(j, jpath)) == [(b"again", 9, 4)]
+
+
+def test_reopen_preserves_entries(jpath):
+    j = _filled(jpath, 5)
+    want = _entries(j)
+    assert _entries(_reopen(j, jpath)) == want
+
+
+def test_reopen_preserves_term_and_vote(jpath):
+    j = DurableJournal(jpath)
+    j.setCurrentTerm(7, "node-2")
+    j2 = _reopen(j, jpath)
+    assert (j2.getCurrentTerm(), j2.getVotedForNodeId()) == (7, "node-2")
+
+
+def test_reopen_preserves_commit_index_stored_by_the_timer(jpath):
+    j = _filled(jpath, 5)
+    j.setRaftCommitIndex(4)
+    assert j.getRaftCommitIndex() == 4
+    j.onOneSecondTimer()
+    assert _reopen(j, jpath).getRaftCommitIndex() == 4
+
+
+def test_set_current_term_keeps_commit_index(jpath):
+    j = DurableJournal(jpath)
+    j.setRaftCommitIndex(3)
+    j.setCurrentTerm(2, None)
+    j2 = _reopen(j, jpath)
+    assert (j2.getCurrentTerm(), j2.getVotedForNodeId(), j2.getRaftCommitIndex()) == (2, None, 3)
+
+
+def test_torn_tail_is_dropped_on_reopen(jpath):
+    j = _filled(jpath, 5)
+    j._destroy()
+    with open(jpath + ".log", "r+b") as f:
+        f.truncate(os.path.getsize(jpath + ".log") - 3)
+    j2 = DurableJournal(jpath, "none")
+    assert [e[1] for e in _entries(j2)] == [1, 2, 3, 4]
+    assert os.path.getsize(jpath + ".log") == j2.size_bytes
+
+
+def test_corrupt_tail_is_dropped_and_appends_continue(jpath):
+    j = _filled(jpath, 5)
+    j._destroy()
+    with open(jpath + ".log", "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    j2 = DurableJournal(jpath, "none")
+    assert [e[1] for e in _entries(j2)] == [1, 2, 3, 4]
+    j2.add(b"cmd-5b", 5, 9)
+    assert _entries(_reopen(j2, jpath))[-1] == (b"cmd-5b", 5, 9)
+
+
+def test_unreadable_meta_falls_back_to_defaults(jpath):
+    _filled(jpath, 2)._destroy()
+    with open(jpath + ".meta", "w") as f:
+        f.write("{not json")
+    j = DurableJournal(jpath, "none")
+    assert (len(j), j.getCurrentTerm(), j.getRaftCommitIndex()) == (2, 0, 1)
+
+
+def test_size_bytes_tracks_the_file(jpath):
+    j = _filled(jpath, 5)
+    assert j.size_bytes == os.path.getsize(jpath + ".log") > 0
+
+
+@pytest.mark.parametrize("policy", FSYNC_POLICIES)
+def test_every_fsync_policy_persists_on_close(jpath, policy):
+    j = _filled(jpath, 3, fsync=policy)
+    assert len(_reopen(j, jpath)) == 3
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "", "ALWAYS", None])
+def test_invalid_fsync_policy_names_the_allowed_values(jpath, bad):
+    with pytest.raises(ValueError) as e:
+        DurableJournal(jpath, bad)
+    assert all(p in str(e.value) for p in FSYNC_POLICIES)
+    assert not os.path.exists(jpath + ".log")

@@ -1,0 +1,320 @@
+"""QueueLog: append, read, seek by time, retention, recovery (storage_service.segment)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from storage_service.codec import CorruptBatch, encode_records, frame_batch, iter_batches, iter_records
+from storage_service.segment import QueueLog
+
+pytestmark = pytest.mark.unit
+
+PER_BATCH = 5
+
+
+def _append(q: QueueLog, ts: int = 1000, n: int = PER_BATCH) -> bytes:
+    base = q.next_offset
+    msgs = [f"m{base + i:06d}".encode() for i in range(n)]
+    frame = frame_batch(base, ts, n, base + 1, encode_records(msgs))
+    q.append(frame, next(iter_batches(frame)))
+    return frame
+
+
+def _fill(q: QueueLog, batches: int, ts0: int = 1000) -> list[bytes]:
+    return [_append(q, ts=ts0 + i) for i in range(batches)]
+
+
+def _read_all(q: QueueLog, start: int | None = None, max_bytes: int = 1 << 20) -> list[int]:
+    """Offsets of every record from ``start`` to the end, checking payloads."""
+    off = q.earliest if start is None else start
+    out: list[int] = []
+    while off < q.next_offset:
+        data = q.read(off, max_bytes)
+        assert data, f"read({off}) returned nothing before next_offset {q.next_offset}"
+        for o, _, m in iter_records(data, off):
+            assert bytes(m) == f"m{o:06d}".encode()
+            out.append(o)
+        off = out[-1] + 1
+    return out
+
+
+def _log_files(path) -> list[str]:
+    return sorted(f for f in os.listdir(path) if f.endswith(".log"))
+
+
+@pytest.fixture
+def qpath(tmp_path):
+    return str(tmp_path / "t~inc~0")
+
+
+def test_new_queue_is_empty(qpath):
+    q = QueueLog(qpath, fsync=False)
+    assert (q.earliest, q.next_offset, q.last_ts, q.last_position) == (0, 0, -1, 0)
+    assert q.read(0, 1 << 20) == b""
+
+
+def test_append_then_read_returns_the_frame_bytes(qpath):
+    q = QueueLog(qpath, fsync=False)
+    frame = _append(q, ts=42)
+    assert q.read(0, 1 << 20) == frame
+    assert (q.next_offset, q.last_ts, q.last_position) == (PER_BATCH, 42, 1)
+
+
+def test_append_at_wrong_offset_is_rejected(qpath):
+    q = QueueLog(qpath, fsync=False)
+    _append(q)
+    frame = frame_batch(99, 0, 1, 9, encode_records([b"x"]))
+    with pytest.raises(ValueError, match="append at 99"):
+        q.append(frame, next(iter_batches(frame)))
+    assert q.next_offset == PER_BATCH
+    assert q.size_bytes == os.path.getsize(os.path.join(qpath, _log_files(qpath)[0]))
+
+
+def test_read_across_many_batches_and_segment_rolls(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 40)
+    assert len(q.segments) > 5
+    assert len(_log_files(qpath)) == len(q.segments)
+    assert _read_all(q) == list(range(40 * PER_BATCH))
+
+
+def test_segments_are_named_by_base_offset(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 10)
+    assert _log_files(qpath) == [f"{s.base:020d}.log" for s in q.segments]
+    assert [s.base for s in q.segments] == sorted({s.base for s in q.segments})
+
+
+def test_read_from_inside_a_batch_returns_the_whole_batch(qpath):
+    q = QueueLog(qpath, fsync=False)
+    frames = _fill(q, 3)
+    assert q.read(PER_BATCH + 2, 1) == frames[1]
+
+
+def test_read_returns_at_least_one_batch_and_respects_max_bytes(qpath):
+    q = QueueLog(qpath, fsync=False)
+    frames = _fill(q, 10)
+    assert q.read(0, 1) == frames[0]
+    assert q.read(0, 2 * len(frames[0])) == frames[0] + frames[1]
+    assert q.read(0, 2 * len(frames[0]) + 1) == frames[0] + frames[1]
+
+
+def test_read_with_small_max_bytes_still_sees_everything(qpath):
+    q = QueueLog(qpath, segment_bytes=300, index_interval=100, fsync=False)
+    _fill(q, 30)
+    assert _read_all(q, max_bytes=1) == list(range(30 * PER_BATCH))
+
+
+def test_read_outside_the_log_is_empty(qpath):
+    q = QueueLog(qpath, fsync=False)
+    _fill(q, 2)
+    assert q.read(q.next_offset, 1 << 20) == b""
+    assert q.read(q.next_offset + 100, 1 << 20) == b""
+
+
+def test_offset_for_timestamp_is_first_offset_at_or_after_ts(qpath):
+    q = QueueLog(qpath, segment_bytes=300, index_interval=100, fsync=False)
+    for ts in (100, 100, 200, 200, 300, 400, 400, 500, 600, 700):
+        _append(q, ts=ts)
+    assert q.offset_for_timestamp(0) == 0
+    assert q.offset_for_timestamp(100) == 0
+    assert q.offset_for_timestamp(101) == 2 * PER_BATCH
+    assert q.offset_for_timestamp(400) == 5 * PER_BATCH
+    assert q.offset_for_timestamp(650) == 9 * PER_BATCH
+    assert q.offset_for_timestamp(700) == 9 * PER_BATCH
+
+
+def test_offset_for_timestamp_after_the_last_is_next_offset(qpath):
+    q = QueueLog(qpath, fsync=False)
+    _fill(q, 3, ts0=100)
+    assert q.offset_for_timestamp(10_000) == q.next_offset
+    assert QueueLog(qpath + "-empty", fsync=False).offset_for_timestamp(0) == 0
+
+
+def test_offset_for_timestamp_never_goes_below_earliest(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20, ts0=100)
+    q.truncate_prefix(q.segments[2].base + 1)
+    assert q.offset_for_timestamp(0) == q.earliest
+
+
+def test_truncate_prefix_deletes_whole_segments_below(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    third = q.segments[2].base
+    before = len(q.segments)
+    assert q.truncate_prefix(third) == 2
+    assert (q.earliest, len(q.segments), q.segments[0].base) == (third, before - 2, third)
+    assert _log_files(qpath)[0] == f"{third:020d}.log"
+    assert _read_all(q) == list(range(third, 20 * PER_BATCH))
+
+
+def test_truncate_prefix_inside_a_batch_rounds_down_to_the_batch_start(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    batch_start = q.segments[1].base
+    assert q.truncate_prefix(batch_start + 3) == 1
+    assert q.earliest == batch_start      # replicas can copy whole batches from here
+    assert q.read(batch_start - 1, 1 << 20) == b""
+    assert _read_all(q)[0] == batch_start
+
+
+def test_truncate_prefix_never_deletes_the_active_segment(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    end = q.next_offset
+    q.truncate_prefix(end + 1000)
+    assert (q.earliest, q.next_offset, len(q.segments)) == (end, end, 1)
+    _append(q)
+    assert _read_all(q) == list(range(end, end + PER_BATCH))
+
+
+def test_truncate_prefix_backwards_is_a_no_op(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    q.truncate_prefix(30)
+    assert q.truncate_prefix(10) == 0
+    assert q.earliest == 30
+
+
+def test_truncate_prefix_survives_reopen(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    q.truncate_prefix(q.segments[1].base + 2)
+    earliest, nxt = q.earliest, q.next_offset
+    q.close()
+    q2 = QueueLog(qpath, segment_bytes=300, fsync=False)
+    assert (q2.earliest, q2.next_offset) == (earliest, nxt)
+    assert _read_all(q2) == list(range(earliest, nxt))
+
+
+def test_reset_drops_everything_and_continues_at_start(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    q.reset(500)
+    assert (q.earliest, q.next_offset, len(q.segments)) == (500, 500, 1)
+    assert _log_files(qpath) == [f"{500:020d}.log"]
+    assert q.read(0, 1 << 20) == b""
+    _fill(q, 2)
+    assert _read_all(q) == list(range(500, 500 + 2 * PER_BATCH))
+
+
+def test_reset_survives_reopen(qpath):
+    q = QueueLog(qpath, fsync=False)
+    _fill(q, 3)
+    q.reset(77)
+    q.close()
+    q2 = QueueLog(qpath, fsync=False)
+    assert (q2.earliest, q2.next_offset) == (77, 77)
+
+
+def test_reopen_after_close_restores_state_and_appends_continue(qpath):
+    q = QueueLog(qpath, segment_bytes=300)
+    _fill(q, 25, ts0=100)
+    state = (q.earliest, q.next_offset, q.last_ts, q.last_position, len(q.segments), q.size_bytes)
+    q.close()
+    q2 = QueueLog(qpath, segment_bytes=300)
+    assert (q2.earliest, q2.next_offset, q2.last_ts, q2.last_position,
+            len(q2.segments), q2.size_bytes) == state
+    _append(q2)
+    assert _read_all(q2) == list(range(26 * PER_BATCH))
+
+
+def test_reopen_restores_per_segment_timestamps(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20, ts0=100)
+    summary = [(s.base, s.next_offset, s.first_ts, s.last_ts) for s in q.segments]
+    q.close()
+    q2 = QueueLog(qpath, segment_bytes=300, fsync=False)
+    assert [(s.base, s.next_offset, s.first_ts, s.last_ts) for s in q2.segments] == summary
+
+
+# ------------------------------------------------------------------ recovery
+def _tail_file(qpath) -> str:
+    return os.path.join(qpath, _log_files(qpath)[-1])
+
+
+def _last_batch(path: str):
+    with open(path, "rb") as f:
+        return list(iter_batches(f.read()))[-1]
+
+
+def _damaged_queue(qpath, damage) -> tuple[QueueLog, int]:
+    """Write 20 batches over several segments, damage the tail, reopen."""
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    q.close()
+    tail = _tail_file(qpath)
+    last = _last_batch(tail)
+    damage(tail, last)
+    return QueueLog(qpath, segment_bytes=300, fsync=False), last
+
+
+def _tear(path, last):
+    with open(path, "r+b") as f:
+        f.truncate(last.position + last.size // 2)
+
+
+def _flip_payload_byte(path, last):
+    with open(path, "r+b") as f:
+        f.seek(last.position + last.size - 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage", [_tear, _flip_payload_byte], ids=["torn", "corrupt"])
+def test_damaged_tail_is_cut_and_earlier_data_intact(qpath, damage):
+    q, last = _damaged_queue(qpath, damage)
+    assert q.next_offset == last.base_offset
+    assert os.path.getsize(_tail_file(qpath)) == last.position
+    assert _read_all(q) == list(range(last.base_offset))
+
+
+@pytest.mark.parametrize("damage", [_tear, _flip_payload_byte], ids=["torn", "corrupt"])
+def test_appends_continue_at_the_cut_after_damaged_tail(qpath, damage):
+    q, last = _damaged_queue(qpath, damage)
+    _fill(q, 3)
+    assert _read_all(q) == list(range(last.base_offset + 3 * PER_BATCH))
+    q.close()
+    q2 = QueueLog(qpath, segment_bytes=300, fsync=False)
+    assert _read_all(q2) == list(range(last.base_offset + 3 * PER_BATCH))
+
+
+def test_tail_torn_inside_the_frame_header_is_cut(qpath):
+    q = QueueLog(qpath, fsync=False)
+    frames = _fill(q, 3)
+    q.close()
+    with open(_tail_file(qpath), "ab") as f:
+        f.write(frames[0][:5])
+    q2 = QueueLog(qpath, fsync=False)
+    assert q2.next_offset == 3 * PER_BATCH
+    assert os.path.getsize(_tail_file(qpath)) == sum(map(len, frames))
+
+
+# Byte positions inside a frame: u32 len | u32 crc | u64 base | i64 ts | u32 count | ...
+CRC_AT, BASE_AT, TS_AT, COUNT_AT = 4, 8, 16, 24
+
+
+@pytest.mark.parametrize("where,mask", [
+    ("payload", 0xFF), (CRC_AT, 0xFF), (TS_AT, 0xFF), (COUNT_AT, 0xFF),
+    (BASE_AT, PER_BATCH),          # base 5 -> 0: the header now claims offsets 0..4
+], ids=["payload", "crc", "store_ts", "count", "base_offset"])
+def test_corrupt_byte_in_sealed_segment_is_never_served(qpath, where, mask):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    _fill(q, 20)
+    assert len(q.segments) > 2
+    q.close()
+    first = os.path.join(qpath, _log_files(qpath)[0])
+    with open(first, "rb") as f:
+        victim = [h for h in iter_batches(f.read()) if h.base_offset == PER_BATCH][0]
+    pos = victim.position + (victim.size - 1 if where == "payload" else where)
+    with open(first, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ mask]))
+    q2 = QueueLog(qpath, segment_bytes=300, fsync=False)
+    with pytest.raises(CorruptBatch):
+        q2.read(PER_BATCH, 1 << 20)
