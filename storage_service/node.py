@@ -29,7 +29,10 @@ __all__ = ["NodeConfig", "StorageNode"]
 
 log = logging.getLogger(__name__)
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
-                ("grpc.max_send_message_length", 128 << 20)]
+                ("grpc.max_send_message_length", 128 << 20),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class RaftGroup(SyncObj):
         self.state = state
         self.timing = timing
         self.stale_appends = 0
+        self.snapshot_skips = 0
         os.makedirs(data_dir, exist_ok=True)
         conf = SyncObjConf(
             autoTick=False, journalFile=None,
@@ -113,12 +114,51 @@ class RaftGroup(SyncObj):
 
     # -------------------------------------------------------- stale appends
     def _SyncObj__onMessageReceived(self, node, message):
-        if (message.get("type") == "append_entries" and "prevLogIdx" in message
-                and "transmission" not in message and message["term"] >= self.raftCurrentTerm):
-            message = self._reconcile_append(node, message)
+        if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
+            if "prevLogIdx" in message and "transmission" not in message:
+                message = self._reconcile_append(node, message)
+            elif message.get("serialized") is not None:
+                message = self._install_snapshot(node, message)
             if message is None:
                 return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    @staticmethod
+    def _heartbeat(message: dict, commit_cap: int) -> dict:
+        """The bookkeeping part of an append (term, leader, timers), commit capped."""
+        beat = {k: v for k, v in message.items()
+                if k not in ("prevLogIdx", "prevLogTerm", "entries", "serialized")}
+        beat["commit_index"] = min(message["commit_index"], commit_cap)
+        return beat
+
+    def _install_snapshot(self, node, message):
+        """Snapshot transfer from the leader, without dropping acknowledged entries.
+
+        pysyncobj installs every snapshot it receives with a cleared journal.
+        A stale "reset" reply can make the leader re-send a snapshot older
+        than entries this follower already acknowledged; clearing the journal
+        then loses them, exactly like a stale append. If the journal already
+        holds the snapshot's last entry (same index and term) we keep it and
+        acknowledge up to that entry only.
+        """
+        serializer = self._SyncObj__serializer
+        if not serializer.setTransmissionData(message["serialized"]):
+            SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, self.raftCommitIndex))
+            return None
+        last_idx, last_term = self._peek_snapshot()
+        if self._term_at(last_idx) == last_term:
+            self.snapshot_skips += 1
+            log.warning("group %d: snapshot at %d received while the journal already holds it; "
+                        "keeping the journal", self.group_id, last_idx)
+            self.forceLogCompaction()        # rewrite our own snapshot file soon
+        else:
+            self._SyncObj__loadDumpFile(True)
+        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, last_idx))
+        # reset=True moves the leader's next index to just past the snapshot
+        # (a plain success does not when its match index is already higher,
+        # and the leader would send the same snapshot again and again).
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_idx + 1, success=True, reset=True)
+        return None
 
     def _term_at(self, idx):
         j = self.journal
@@ -149,13 +189,41 @@ class RaftGroup(SyncObj):
         self.stale_appends += 1
         log.warning("group %d: stale append (prev %d, %d entries) while holding up to %d; "
                     "not truncating", self.group_id, prev_idx, len(entries), last)
-        beat = {k2: v for k2, v in message.items() if k2 not in ("prevLogIdx", "prevLogTerm", "entries")}
-        beat["commit_index"] = min(message["commit_index"], matched_idx)
-        SyncObj._SyncObj__onMessageReceived(self, node, beat)
+        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, matched_idx))
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=matched_idx + 1, success=True)
         return None
 
     # ------------------------------------------------------------- snapshot
+    def _SyncObj__loadDumpFile(self, clearJournal):
+        """Load the snapshot file: state from the manifest, journal kept if it agrees.
+
+        pysyncobj clears the journal unless its first two entries are exactly
+        the snapshot's. After a crash between writing a snapshot and compacting
+        the journal they are not, and the clear would drop acknowledged
+        entries past the snapshot. We keep every entry from the snapshot's
+        first entry on when the journal holds the snapshot's last entry.
+        """
+        last, prev, _ = self._read_snapshot(self._SyncObj__conf.fullDumpFile)
+        j = self.journal
+        if not clearJournal and self._term_at(last[1]) == last[2] and self._term_at(prev[1]) == prev[2]:
+            j.deleteEntriesTo(prev[1] - j[0][1])
+        else:
+            j.clear()
+            j.add(*prev)
+            j.add(*last)
+            j.sync()
+        self._SyncObj__raftLastApplied = last[1]
+        if self._SyncObj__raftCommitIndex > j[-1][1]:
+            self._SyncObj__raftCommitIndex = j[-1][1]
+        self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, last[1])
+        j.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
+
+    def _peek_snapshot(self) -> tuple[int, int]:
+        """(index, term) of the last entry a snapshot file covers."""
+        with open(self._SyncObj__conf.fullDumpFile, "rb") as f:
+            _, idx, term = _LEN.unpack(f.read(_LEN.size))
+        return idx, term
+
     def _write_snapshot(self, path: str, data) -> None:
         last, prev, _cluster = data
         blob = self.state.snapshot()

@@ -95,3 +95,30 @@ def test_raft_group_still_truncates_a_real_conflict(tmp_path):
         assert [(e[1], e[2]) for e in reopened[:]] == [(1, 0), (2, 1), (3, 2)]
     finally:
         g.stop()
+
+
+def test_stale_snapshot_does_not_clear_acknowledged_entries(tmp_path):
+    """A re-sent old snapshot must not wipe a journal that already holds it."""
+    me, *others = _addresses()
+    g = RaftGroup(0, me, [me, *others], str(tmp_path / "f"), MetaState())
+    g._running = False
+    g._thread.join()
+    try:
+        leader = TCPNode(others[0])
+        acks = []
+        g._SyncObj__transport.send = lambda node, msg: acks.append(msg) or True
+        handle = g._SyncObj__onMessageReceived
+        handle(leader, _append(1, 0, _entries(2, 6), commit=1))
+        # the leader's snapshot covers up to entry 4 (term 1): build its file
+        snap = tmp_path / "leader-snapshot"
+        g._write_snapshot(str(snap), ((NOOP, 4, 1), (NOOP, 3, 1), set()))
+        data = snap.read_bytes()
+        base = {"type": "append_entries", "term": 1, "commit_index": 6}
+        handle(leader, dict(base, serialized=(data, True, False)))
+        handle(leader, dict(base, serialized=(b"", False, True)))
+        assert g.journal[-1][1] == 6          # entries 5 and 6 (acknowledged) are still there
+        assert g.snapshot_skips == 1
+        assert acks[-1]["next_node_idx"] == 5 and acks[-1]["reset"]
+        assert g.raftCommitIndex <= 4         # nothing past the snapshot is committed unverified
+    finally:
+        g.stop()

@@ -31,7 +31,11 @@ __all__ = ["Client", "parse_endpoints"]
 
 log = logging.getLogger(__name__)
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
-                ("grpc.max_send_message_length", 128 << 20)]
+                ("grpc.max_send_message_length", 128 << 20),
+                # reconnect fast to a restarted node instead of backing off for minutes
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
 MessageLike = bytes | str | Message | dict
 
 
@@ -76,9 +80,10 @@ def decode_records(topic: str, queue: int, batches: bytes, start: int,
 
 class Client:
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
-                 producer_id: str | None = None):
+                 producer_id: str | None = None, attempt_timeout: float = 5.0):
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = timeout
+        self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
         self._channels: dict[str, grpc.Channel] = {}
         self._routes: dict[int, str] = {}
         self._groups: int | None = None
@@ -108,11 +113,12 @@ class Client:
              timeout: float | None = None, address: str | None = None) -> Any:
         """Send one RPC with retries; ``group`` routes to that group's leader."""
         deadline = time.monotonic() + (timeout or self.timeout)
+        per_attempt = max(self.attempt_timeout, getattr(request, "wait_ms", 0) / 1000 + self.attempt_timeout)
         delay, attempt, last = 0.02, 0, None
         while True:
             targets = [address] if address else self._candidates(group)
             for addr in targets:
-                left = deadline - time.monotonic()
+                left = min(deadline - time.monotonic(), per_attempt)
                 if left <= 0:
                     break
                 try:
@@ -125,7 +131,7 @@ class Client:
                         if err.leader != addr and not address:
                             try:
                                 return getattr(self._stub(err.leader), method)(
-                                    request, timeout=max(0.01, deadline - time.monotonic()))
+                                    request, timeout=max(0.01, min(per_attempt, deadline - time.monotonic())))
                             except grpc.RpcError as e2:
                                 err = from_rpc_error(e2, err.leader)
                     else:
