@@ -28,8 +28,8 @@ def _parse(argv):
                    help="snapshot + compact the raft log after this many entries")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
-    loc.add_argument("--nodes", type=int, default=3)
-    loc.add_argument("--groups", type=int, default=4)
+    loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
+    loc.add_argument("--groups", type=int, default=None, help="default 4 (or what --data-dir holds)")
     loc.add_argument("--data-dir", default="./data")
     loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
@@ -66,8 +66,12 @@ def run_node(args) -> int:
 def run_local(args) -> int:
     from .local import LocalCluster
 
-    cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
-                           port=args.port, fsync=args.fsync)
+    try:
+        cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
+                               port=args.port, fsync=args.fsync)
+    except ValueError as e:
+        print(f"rmq-storage: {e}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

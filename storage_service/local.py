@@ -55,25 +55,36 @@ def free_port_block(size: int, host: str = "127.0.0.1", avoid: Sequence[int] = (
 class LocalCluster:
     """Start/stop a local multi-process cluster; ``endpoints`` is the client string."""
 
-    def __init__(self, nodes: int = 3, groups: int = 4, data_dir: str = "./data",
+    def __init__(self, nodes: int | None = None, groups: int | None = None, data_dir: str = "./data",
                  port: int = 0, host: str = "127.0.0.1", fsync: str = "always",
                  extra_args: Sequence[str] = (), log_dir: str | None = None):
-        self.nodes, self.groups, self.host = nodes, groups, host
+        """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4)."""
         self.data_dir = os.path.abspath(data_dir)
+        saved = self._saved()
+        if saved and (nodes or saved["nodes"], groups or saved["groups"]) != (saved["nodes"], saved["groups"]):
+            raise ValueError(f"{self.data_dir} holds a cluster of {saved['nodes']} nodes and "
+                             f"{saved['groups']} groups; start it with those (or use a new --data-dir)")
+        self.nodes = nodes or (saved["nodes"] if saved else 3)
+        self.groups = groups or (saved["groups"] if saved else 4)
+        self.host = host
         self.fsync = fsync
         self.extra_args = list(extra_args)
         self.log_dir = log_dir or self.data_dir
         os.makedirs(self.data_dir, exist_ok=True)
         self.addresses = self._addresses(port)
-        self.procs: list[subprocess.Popen | None] = [None] * nodes
+        self.procs: list[subprocess.Popen | None] = [None] * self.nodes
+
+    def _saved(self) -> dict | None:
+        try:
+            with open(os.path.join(self.data_dir, "cluster.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
 
     def _addresses(self, port: int) -> list[str]:
-        saved = os.path.join(self.data_dir, "cluster.json")
-        if os.path.exists(saved):
-            with open(saved) as f:
-                info = json.load(f)
-            if info["nodes"] == self.nodes and info["groups"] == self.groups and not port:
-                return info["addresses"]
+        saved = self._saved()
+        if saved and not port:
+            return saved["addresses"]
         span = self.groups + 2
         if port:
             bases = [port + i * span for i in range(self.nodes)]
@@ -83,7 +94,7 @@ class LocalCluster:
                 used = [b + k for b in bases for k in range(span)]
                 bases.append(free_port_block(span, self.host, used))
         addresses = [f"{self.host}:{b}" for b in bases]
-        with open(saved, "w") as f:
+        with open(os.path.join(self.data_dir, "cluster.json"), "w") as f:
             json.dump({"nodes": self.nodes, "groups": self.groups, "addresses": addresses}, f)
         return addresses
 
