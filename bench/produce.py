@@ -1,0 +1,499 @@
+#!/usr/bin/env python
+"""Produce benchmark: rmq-spark against NATS JetStream and the pysyncobj ceiling.
+
+One run measures every row below on this machine, one system at a time, and
+prints one table plus the project's targets::
+
+    .venv/bin/python bench/produce.py                  # 5 s per phase
+    .venv/bin/python bench/produce.py --seconds 3 --json bench/results/produce.json
+    .venv/bin/python bench/produce.py --quick --skip-nats
+
+Rows (all messages are 1 KiB values, acknowledged only once replicated):
+
+1. rmq-spark 3-node, batch=1   - ``--threads`` producers share one Client;
+   latency from a separate sequential loop of single-message calls.
+2. rmq-spark 3-node, batch=100 - the same with 100 messages per call.
+3. NATS JetStream R3 (file storage, 3 local ``nats-server``), nats-py async
+   publish for the rate, synchronous ``js.publish`` for the latency.
+4. pysyncobj 0.3.17 raw replicated append: 3 nodes in 3 processes, journal
+   on, 5 ms ticks, commands of 100 x 1 KiB; what is left for a
+   pysyncobj-based log before it does any storage work.
+
+MB = 10^6 bytes of message values; progress goes to stderr, the table to
+stdout. Values are incompressible by default (``--payload``): pysyncobj's
+transport zlib-compresses every message, so compressible ones flatter it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import platform
+import signal
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+if REPO_ROOT not in sys.path:  # benchmark the checkout, installed or not
+    sys.path.insert(1, REPO_ROOT)
+
+import _peers  # noqa: E402  (lives next to this file)
+
+log = logging.getLogger("bench.produce")
+
+MSG_SIZE = 1024
+MB = 1e6
+TOPIC, QUEUES = "bench", 8
+SUBJECT, STREAM = "bench.produce", "BENCH"
+TARGET_BATCHED_MSGS = 100_000
+TARGET_X_NATS = 5.0
+TARGET_P99_MS = 25.0
+VERDICT = {None: "n/a", True: "MET", False: "NOT MET"}
+
+RMQ_B1 = "rmq-spark 3-node, batch=1"
+RMQ_B100 = "rmq-spark 3-node, batch=100"
+NATS = "NATS JetStream R3, async publish (nats-py)"
+CEILING = "pysyncobj raw replicated append (ceiling)"
+CEILING_FAST = "pysyncobj raw append, pickle 5 + zlib 0 wire"
+
+
+@dataclass
+class Row:
+    name: str
+    msgs_per_s: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    note: str = ""
+
+    @property
+    def mb_per_s(self) -> float | None:
+        return None if self.msgs_per_s is None else self.msgs_per_s * MSG_SIZE / MB
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "mb_per_s": self.mb_per_s}
+
+
+# ---- measuring helpers -----------------------------------------------------
+
+@contextmanager
+def progress(label: str, count: Callable[[], int], unit: str,
+             interval: float = 1.0) -> Iterator[None]:
+    """Log one line per ``interval`` with the running total and rate."""
+    stop = threading.Event()
+
+    def report() -> None:
+        t0 = last_t = time.monotonic()
+        last_n = count()
+        while not stop.wait(interval):
+            now, n = time.monotonic(), count()
+            log.info("  %-34s %5.1fs %12s %s %10s/s", label, now - t0, f"{n:,}", unit,
+                     f"{(n - last_n) / (now - last_t):,.0f}")
+            last_t, last_n = now, n
+
+    thread = threading.Thread(target=report, name=f"progress-{label}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def percentiles_ms(latencies_s: list[float]) -> tuple[float | None, float | None]:
+    """p50 and p99 (nearest rank) in milliseconds."""
+    if not latencies_s:
+        return None, None
+    ordered = sorted(latencies_s)
+
+    def rank(q: float) -> float:
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1e3
+
+    return rank(0.50), rank(0.99)
+
+
+def windowed_rate(count: Callable[[], int], warmup: float, seconds: float) -> float:
+    """Rate of ``count`` over ``seconds`` after ``warmup`` (workers run meanwhile)."""
+    time.sleep(warmup)
+    t1, n1 = time.monotonic(), count()
+    time.sleep(seconds)
+    t2, n2 = time.monotonic(), count()
+    return (n2 - n1) / (t2 - t1)
+
+
+# ---- rmq-spark -------------------------------------------------------------
+
+def acked_count(result: Any) -> int:
+    """Messages acknowledged by one ``Client.produce`` call.
+
+    The brief's API returns one ``ProduceResult``; the client as built returns
+    a list of them (one per queue written). Accept both.
+    """
+    if isinstance(result, (list, tuple)):
+        return sum(r.count for r in result)
+    return result.count
+
+
+def _produce_loop(client, values: list[bytes], batch: int, queue: int,
+                  stop: threading.Event, acked: _peers.Counter, errors: list) -> None:
+    i = 0
+    try:
+        while not stop.is_set():
+            chunk = values[:batch] if batch > 1 else [values[i % len(values)]]
+            acked.add(acked_count(client.produce(TOPIC, chunk, queue=queue)))
+            i += 1
+    except Exception as e:  # handed to the main thread, which raises it
+        errors.append(e)
+        stop.set()
+
+
+def rmq_throughput(client, values: list[bytes], batch: int, threads: int,
+                   seconds: float, warmup: float) -> float:
+    """Acked messages/s with ``threads`` concurrent producers sharing ``client``."""
+    stop, acked, errors = threading.Event(), _peers.Counter(), []
+    workers = [threading.Thread(target=_produce_loop, daemon=True,
+                                args=(client, values, batch, i % QUEUES, stop, acked, errors))
+               for i in range(threads)]
+    with progress(f"rmq batch={batch} throughput", lambda: acked.value, "msgs acked"):
+        for w in workers:
+            w.start()
+        try:
+            rate = windowed_rate(lambda: acked.value, warmup, seconds)
+        finally:
+            stop.set()
+            for w in workers:
+                w.join(timeout=60)
+    if errors:
+        raise RuntimeError(f"producer thread failed: {errors[0]!r}") from errors[0]
+    return rate
+
+
+def rmq_latency(client, values: list[bytes], batch: int,
+                seconds: float) -> list[float]:
+    """Latencies (s) of sequential produce calls of ``batch`` messages."""
+    calls, lat = _peers.Counter(), []
+    chunk = values[:batch]
+    for _ in range(10):  # warm the channel and the group's leader
+        client.produce(TOPIC, chunk, queue=0)
+    with progress(f"rmq batch={batch} latency", lambda: calls.value, "calls"):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            t = time.perf_counter()
+            client.produce(TOPIC, chunk, queue=calls.value % QUEUES)
+            lat.append(time.perf_counter() - t)
+            calls.add()
+    return lat
+
+
+def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    """Rows 1 and 2 on a real LocalCluster; "n/a" rows if it cannot run."""
+    try:
+        from rmq_spark.client import Client
+        from storage_service.local import LocalCluster
+    except ImportError as e:
+        log.warning("rmq-spark rows skipped: %s", e)
+        return [Row(RMQ_B1, note=f"n/a: {e}"), Row(RMQ_B100, note=f"n/a: {e}")]
+    rows = []
+    log.info("starting rmq-spark LocalCluster (3 nodes, 4 groups)")
+    try:
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster:
+            with Client(cluster.endpoints) as client:
+                client.create_topic(TOPIC, queues=QUEUES)
+                for name, batch in ((RMQ_B1, 1), (RMQ_B100, 100)):
+                    rate = rmq_throughput(client, values, batch, args.threads,
+                                          args.seconds, args.warmup)
+                    p50, p99 = percentiles_ms(rmq_latency(client, values, batch, args.seconds))
+                    rows.append(Row(name, rate, p50, p99,
+                                    f"{args.threads} threads; p50/p99: sequential calls"))
+    except Exception as e:  # still measure the peers; the error is printed
+        log.exception("rmq-spark benchmark failed")
+        done = {r.name for r in rows}
+        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200])
+                 for n in (RMQ_B1, RMQ_B100) if n not in done]
+    return rows
+
+
+# ---- peers -----------------------------------------------------------------
+
+def nats_binary(env: dict[str, Any]) -> str:
+    path = _peers.find_nats_server()
+    if path is None:
+        log.info("nats-server not found: installing Debian's nats-server with apt-get")
+        t = time.monotonic()
+        path = _peers.install_nats_server()
+        env["nats_server_install_s"] = round(time.monotonic() - t, 1)
+        log.info("installed nats-server in %.1f s", env["nats_server_install_s"])
+    env["nats_server"] = _peers.nats_server_version(path)
+    return path
+
+
+async def _nats_stream(urls: list[str], replicas: int, max_pending: int = 4000,
+                       timeout: float = 30.0):
+    """Connect and (re)create the file-backed benchmark stream.
+
+    Returns ``(nc, js)`` once the stream has a leader and every replica
+    is current, so the first publish does not measure an election.
+    """
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(servers=urls, connect_timeout=5)
+    js = nc.jetstream(timeout=10, publish_async_max_pending=max_pending)
+    try:
+        await js.delete_stream(STREAM)
+    except NotFoundError:  # first use
+        pass
+    await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT], num_replicas=replicas,
+                                     storage=StorageType.FILE))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = await js.stream_info(STREAM)
+        cl = info.cluster
+        if cl and cl.leader and len(cl.replicas or []) == replicas - 1 \
+                and all(r.current for r in cl.replicas):
+            return nc, js
+        await asyncio.sleep(0.05)
+    await nc.close()
+    raise TimeoutError(f"stream {STREAM} has no current R{replicas} leader after {timeout}s")
+
+
+async def nats_async_publish(urls: list[str], payload: bytes, seconds: float, warmup: float,
+                             acked: _peers.Counter, max_pending: int = 4000) -> dict[str, Any]:
+    """Async-publish ``payload`` for ``warmup + seconds``; count acked messages.
+
+    nats-py keeps at most ``max_pending`` publishes awaiting their ack. Only
+    acks that arrive inside the measured window count towards the rate.
+    """
+    nc, js = await _nats_stream(urls, replicas=3, max_pending=max_pending)
+    errors = _peers.Counter()
+
+    def on_ack(fut: asyncio.Future) -> None:
+        (errors if fut.cancelled() or fut.exception() else acked).add()
+
+    try:
+        t0 = time.monotonic()
+        marks: list[tuple[float, int]] = []
+        while (now := time.monotonic()) < t0 + warmup + seconds:
+            if not marks and now >= t0 + warmup:
+                marks.append((now, acked.value))
+            (await js.publish_async(SUBJECT, payload)).add_done_callback(on_ack)
+        marks.append((time.monotonic(), acked.value))
+        await asyncio.wait_for(js.publish_async_completed(), timeout=30)
+    finally:
+        await nc.close()
+    (t1, c1), (t2, c2) = marks[0], marks[-1]
+    return {"messages": c2 - c1, "seconds": t2 - t1, "errors": errors.value}
+
+
+async def nats_sync_latency(urls: list[str], payload: bytes, seconds: float,
+                            done: _peers.Counter, max_calls: int = 100_000) -> list[float]:
+    """Sequential ``js.publish`` (wait for each ack); returns latencies in s."""
+    nc, js = await _nats_stream(urls, replicas=3)
+    lat: list[float] = []
+    try:
+        for _ in range(20):  # warm the connection and the stream's raft group
+            await js.publish(SUBJECT, payload)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and len(lat) < max_calls:
+            t = time.perf_counter()
+            await js.publish(SUBJECT, payload)
+            lat.append(time.perf_counter() - t)
+            done.add()
+    finally:
+        await nc.close()
+    return lat
+
+
+def measure_nats(args: argparse.Namespace, payload: bytes, root: str,
+                 env: dict[str, Any]) -> Row:
+    env["nats_py"] = _peers.ensure_nats_py()
+    binary = nats_binary(env)
+    log.info("starting 3-node JetStream cluster (%s, nats-py %s)", env["nats_server"],
+             env["nats_py"])
+    with _peers.NatsCluster(binary, os.path.join(root, "nats")) as cluster:
+        t = time.monotonic()
+        leader = cluster.wait_ready()
+        log.info("JetStream meta leader %s elected after %.2f s", leader, time.monotonic() - t)
+        acked = _peers.Counter()
+        with progress("nats async publish", lambda: acked.value, "msgs acked"):
+            res = asyncio.run(nats_async_publish(cluster.urls, payload, args.seconds,
+                                                 args.warmup, acked))
+        calls = _peers.Counter()
+        with progress("nats sync publish latency", lambda: calls.value, "calls"):
+            lat = asyncio.run(nats_sync_latency(cluster.urls, payload, args.seconds, calls))
+    p50, p99 = percentiles_ms(lat)
+    note = "p50/p99: sync publish" + (f", {res['errors']} nacks" if res["errors"] else "")
+    return Row(NATS, res["messages"] / res["seconds"], p50, p99, note)
+
+
+def measure_ceiling(args: argparse.Namespace, root: str, fast_wire: bool) -> Row:
+    workdir = os.path.join(root, "syncobj-fast" if fast_wire else "syncobj")
+    os.makedirs(workdir, exist_ok=True)
+    ceiling = _peers.SyncObjCeiling(workdir, batch=100, msg_size=MSG_SIZE,
+                                    payload=args.payload, fast_wire=fast_wire)
+    log.info("starting 3 pysyncobj processes (journal on, %.0f ms tick, %s wire)",
+             ceiling.tick * 1e3, "fast" if fast_wire else "stock")
+    label = "pysyncobj append" + (" fast wire" if fast_wire else "")
+    with progress(label, ceiling.acked_messages, "msgs acked"):
+        res = ceiling.run(args.seconds, args.warmup)
+    note = f"{res['window']} cmds in flight, 100 msgs/cmd"
+    if res["failures"]:
+        note += f", {res['failures']} failed cmds"
+    if res["warnings"]:
+        note += f", {res['warnings']} pysyncobj warnings"
+        log.warning("pysyncobj logged %d warnings, first: %s", res["warnings"],
+                    res["first_warning"])
+    return Row(CEILING_FAST if fast_wire else CEILING, res["messages"] / res["seconds"],
+               note=note)
+
+
+# ---- report ----------------------------------------------------------------
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def render_table(rows: list[Row]) -> str:
+    header = ["system", "msgs/s", "MB/s", "p50 ms", "p99 ms", "notes"]
+    body = [[r.name, _fmt(r.msgs_per_s, ",.0f"), _fmt(r.mb_per_s, ",.1f"),
+             _fmt(r.p50_ms, ".2f"), _fmt(r.p99_ms, ".2f"), r.note] for r in rows]
+    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
+    align = ["<", ">", ">", ">", ">", "<"]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(f"{c:{a}{w}}" for c, a, w in zip(cells, align, widths)).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), rule] + [line(b) for b in body])
+
+
+def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
+    b1, b100, nats = by_name[RMQ_B1], by_name[RMQ_B100], by_name[NATS]
+    x_nats = (b100.msgs_per_s / nats.msgs_per_s
+              if b100.msgs_per_s is not None and nats.msgs_per_s else None)
+    checks = [
+        (f"batched produce >= {TARGET_BATCHED_MSGS:,} acked 1 KiB msgs/s",
+         b100.msgs_per_s, ",.0f", lambda v: v >= TARGET_BATCHED_MSGS),
+        (f"batched produce >= {TARGET_X_NATS:g}x NATS JetStream nats-py publish rate",
+         x_nats, ".2f", lambda v: v >= TARGET_X_NATS),
+        (f"single-message produce p99 <= {TARGET_P99_MS:g} ms",
+         b1.p99_ms, ".2f", lambda v: v <= TARGET_P99_MS),
+    ]
+    return [{"target": text, "value": value, "shown": _fmt(value, spec),
+             "met": None if value is None else bool(ok(value))}
+            for text, value, spec, ok in checks]
+
+
+def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
+    nats, b1, b100 = by_name[NATS], by_name[RMQ_B1], by_name[RMQ_B100]
+    pairs = {f"{RMQ_B1}: msgs/s / NATS": (b1.msgs_per_s, nats.msgs_per_s),
+             f"{RMQ_B100}: msgs/s / NATS": (b100.msgs_per_s, nats.msgs_per_s),
+             f"{RMQ_B1}: p50 / NATS sync p50": (b1.p50_ms, nats.p50_ms),
+             f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms)}
+    return {k: None if a is None or not b else a / b for k, (a, b) in pairs.items()}
+
+
+def print_report(rows: list[Row], targets: list[dict[str, Any]],
+                 ratio_map: dict[str, float | None], args: argparse.Namespace) -> None:
+    print(f"\nproduce benchmark: 1 KiB {args.payload} values, {args.seconds:g} s per phase "
+          f"(+{args.warmup:g} s warm-up), {os.cpu_count()} cores\n")
+    print(render_table(rows))
+    print("\nours / NATS (throughput: higher is better; latency: lower is better)")
+    width = max(len(k) for k in ratio_map)
+    for key, value in ratio_map.items():
+        print(f"  {key:<{width}}  {_fmt(value, '.2f')}")
+    print("\ntargets")
+    width = max(len(t["target"]) for t in targets)
+    for t in targets:
+        print(f"  {t['target']:<{width}}  {t['shown']:>10}  {VERDICT[t['met']]}")
+
+
+# ---- program ---------------------------------------------------------------
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=None,
+                   help="measured seconds per phase (default 5; 1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 1 s phases, short warm-up (numbers are rough)")
+    p.add_argument("--skip-nats", action="store_true", help="do not run the NATS row")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--threads", type=int, default=8,
+                   help="concurrent rmq producer threads (default 8)")
+    p.add_argument("--payload", choices=_peers.PAYLOAD_KINDS, default="random",
+                   help="message values (default random: incompressible)")
+    p.add_argument("--syncobj-fast-wire", action="store_true",
+                   help="add a pysyncobj row with pickle protocol 5 and zlib level 0")
+    args = p.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = 1.0 if args.quick else 5.0
+    if args.seconds <= 0 or args.threads <= 0:
+        p.error("--seconds and --threads must be positive")
+    args.warmup = 0.2 if args.quick else min(1.0, args.seconds / 5)
+    return args
+
+
+def run_all(args: argparse.Namespace, env: dict[str, Any]) -> list[Row]:
+    values = _peers.make_payloads(args.payload, 100, MSG_SIZE)
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root:
+        rows = measure_rmq(args, values, root)
+        if args.skip_nats:
+            rows.append(Row(NATS, note="skipped (--skip-nats)"))
+        else:
+            rows.append(measure_nats(args, values[0], root, env))
+        rows.append(measure_ceiling(args, root, fast_wire=False))
+        if args.syncobj_fast_wire:
+            rows.append(measure_ceiling(args, root, fast_wire=True))
+    return rows
+
+
+def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], rows: list[Row],
+               targets: list[dict[str, Any]], ratio_map: dict[str, float | None]) -> None:
+    doc = {"config": {k: v for k, v in vars(args).items() if k != "json"},
+           "environment": env, "rows": [r.as_dict() for r in rows],
+           "ratios_vs_nats": ratio_map, "targets": targets}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    # asyncio.run's own SIGINT handling only cancels the task, and nats-py
+    # turns that CancelledError into a normal return: Ctrl-C got lost.
+    signal.signal(signal.SIGINT, _interrupt)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)
+    args = parse_args(argv)
+    from importlib.metadata import version
+    env: dict[str, Any] = {"python": platform.python_version(), "cores": os.cpu_count(),
+                           "pysyncobj": version("pysyncobj"), "machine": platform.machine()}
+    try:
+        rows = run_all(args, env)
+    except KeyboardInterrupt:
+        log.error("interrupted; every server this run started has been stopped")
+        return 130
+    by_name = {r.name: r for r in rows}
+    targets, ratio_map = evaluate_targets(by_name), ratios(by_name)
+    print_report(rows, targets, ratio_map, args)
+    if args.json:
+        write_json(args.json, args, env, rows, targets, ratio_map)
+        log.info("wrote %s", args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
