@@ -47,6 +47,8 @@ setup(
         "grpcio>=1.60",
         "protobuf>=5",
         "crc32c>=2.4",
+        "numpy>=1.26",
+        "pyarrow>=15",
     ],
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],

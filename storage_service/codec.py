@@ -1,35 +1,32 @@
-"""Record-batch framing: the one codec for bytes on disk and on the wire.
+"""Record-batch framing: the one codec for batch bytes on disk and on the wire.
 
 A *batch* is what one produce call appends to one queue. It is stored, fetched
 and replicated as one unit, so the per-message work on the hot path is done
-once by the producer side (building the records blob) and never again:
+once by the producer (building the records block) and never again:
 
     batch   = u32 body_len | u32 crc32c(body) | body
     body    = u64 base_offset | i64 store_ts | u32 count | u64 position | records
 
-``position`` is where the batch was applied (raft index and item number, see
+``records`` is a columnar block (``storage_service.records``). ``position`` is
+where the batch was applied (raft index and item number, see
 ``state.apply_position``); it makes re-applying a replayed raft entry a no-op.
-    records = (u32 offset_delta | u32 msg_len | Message protobuf bytes) * count
-
-``offset_delta`` makes room for compaction, which may drop records from a
-batch without renumbering the survivors. All integers are little-endian.
+All integers are little-endian.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import crc32c
 
-__all__ = [
-    "BATCH_HEADER", "BODY_HEADER", "RECORD_HEADER", "BatchHeader", "CorruptBatch",
-    "encode_records", "frame_batch", "iter_batches", "iter_records", "scan_valid_prefix",
-]
+from . import records
+
+__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch",
+           "iter_batches", "iter_blocks", "records_of", "scan_valid_prefix"]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
 BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, position
-RECORD_HEADER = struct.Struct("<II")         # offset_delta, msg_len
 MAX_BATCH_BYTES = 1 << 30
 
 
@@ -57,34 +54,11 @@ class BatchHeader:
         return self.last_offset + 1
 
 
-def encode_records(messages: Sequence[bytes]) -> bytes:
-    """Frame serialized Message protobufs as a records blob, offset deltas 0..n-1."""
-    pack = RECORD_HEADER.pack
-    parts = []
-    for i, m in enumerate(messages):
-        parts.append(pack(i, len(m)))
-        parts.append(m)
-    return b"".join(parts)
-
-
 def frame_batch(base_offset: int, store_ts: int, count: int, position: int,
-                records: bytes) -> bytes:
-    """Wrap a records blob into a framed, checksummed batch."""
-    body = BODY_HEADER.pack(base_offset, store_ts, count, position) + records
+                block: bytes) -> bytes:
+    """Wrap a records block into a framed, checksummed batch."""
+    body = BODY_HEADER.pack(base_offset, store_ts, count, position) + block
     return BATCH_HEADER.pack(len(body), crc32c.crc32c(body)) + body
-
-
-def _last_delta(records: memoryview | bytes, count: int) -> int:
-    """Offset delta of the last record; ValueError if the records overrun the body."""
-    pos, delta = 0, 0
-    for _ in range(count):
-        if pos + RECORD_HEADER.size > len(records):
-            raise ValueError("record header past the end of the batch")
-        delta, n = RECORD_HEADER.unpack_from(records, pos)
-        pos += RECORD_HEADER.size + n
-        if pos > len(records):
-            raise ValueError("record body past the end of the batch")
-    return delta
 
 
 def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
@@ -104,7 +78,7 @@ def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
     if count == 0:
         raise CorruptBatch(pos, "empty batch")
     try:
-        last = base + _last_delta(body[BODY_HEADER.size:], count)
+        last = base + records.last_delta(body[BODY_HEADER.size:], count)
     except ValueError as e:
         raise CorruptBatch(pos, str(e)) from None
     return BatchHeader(pos, end - pos, base, ts, count, apply_pos, last)
@@ -136,18 +110,17 @@ def scan_valid_prefix(buf: bytes | memoryview) -> tuple[int, list[BatchHeader]]:
     return pos, headers
 
 
-def iter_records(buf: bytes | memoryview, min_offset: int = 0
-                 ) -> Iterator[tuple[int, int, memoryview]]:
-    """Yield (offset, store_ts, message bytes) for each record at or above min_offset."""
-    mv = memoryview(buf)
-    for h in iter_batches(mv):
-        if h.last_offset < min_offset:
-            continue
-        pos = h.position + BATCH_HEADER.size + BODY_HEADER.size
-        for _ in range(h.count):
-            delta, n = RECORD_HEADER.unpack_from(mv, pos)
-            pos += RECORD_HEADER.size
-            off = h.base_offset + delta
-            if off >= min_offset:
-                yield off, h.store_ts, mv[pos:pos + n]
-            pos += n
+def records_of(buf: bytes | memoryview, h: BatchHeader) -> memoryview:
+    """The records block of the batch ``h`` in ``buf``."""
+    start = h.position + BATCH_HEADER.size + BODY_HEADER.size
+    return memoryview(buf)[start:h.position + h.size]
+
+
+def iter_blocks(buf: bytes | memoryview) -> Iterator[tuple[BatchHeader, records.Columns]]:
+    """Every batch in ``buf`` with its parsed records block."""
+    for h in iter_batches(buf):
+        try:
+            cols = records.parse(records_of(buf, h), h.count)
+        except ValueError as e:
+            raise CorruptBatch(h.position, str(e)) from None
+        yield h, cols

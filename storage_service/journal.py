@@ -24,6 +24,7 @@ fsync policies:
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -38,6 +39,50 @@ log = logging.getLogger(__name__)
 FSYNC_POLICIES = ("always", "none")
 _REC = struct.Struct("<II")
 _IDX = struct.Struct("<QQ")
+CACHE_BYTES = 32 << 20
+
+
+class _Entry:
+    """A journal entry as pysyncobj sees it, ``(command, index, term)``.
+
+    Only index and term live in memory; the command is read from the file
+    (or the recent-entries cache) when pysyncobj looks at ``entry[0]``, so
+    the node's memory does not grow with the payloads in the journal.
+    """
+    __slots__ = ("_journal", "idx", "term")
+
+    def __init__(self, journal: "DurableJournal", idx: int, term: int):
+        self._journal, self.idx, self.term = journal, idx, term
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return tuple(self)[k]
+        k = k + 3 if k < 0 else k
+        if k == 0:
+            return self._journal.command(self.idx)
+        if k == 1:
+            return self.idx
+        if k == 2:
+            return self.term
+        raise IndexError(k)
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self):
+        return iter((self[0], self.idx, self.term))
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash((self.idx, self.term))
+
+    def __reduce__(self):   # pickled (sent to a follower) as a plain tuple
+        return tuple, ((self[0], self.idx, self.term),)
+
+    def __repr__(self) -> str:
+        return f"_Entry(idx={self.idx}, term={self.term})"
 
 
 class DurableJournal(Journal):
@@ -46,14 +91,17 @@ class DurableJournal(Journal):
             raise ValueError(f"fsync policy {fsync!r}; allowed: {', '.join(FSYNC_POLICIES)}")
         self.path = path
         self.fsync = fsync == "always"
-        self._entries: list[tuple[bytes, int, int]] = []
+        self._entries: list[_Entry] = []
         self._ends: list[int] = []   # file position after each entry
+        self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._cache_bytes = 0
         self._bytes = 0
         self._dirty = False
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
         self._load()
         self._f = open(path + ".log", "ab")
+        self._rfd = os.open(path + ".log", os.O_RDONLY)
 
     # -------------------------------------------------------------- persistence
     def _load_meta(self) -> dict:
@@ -88,7 +136,7 @@ class DurableJournal(Journal):
             if n < _IDX.size or end > len(data) or crc32c.crc32c(data[pos + _REC.size:end]) != crc:
                 break
             idx, term = _IDX.unpack_from(data, pos + _REC.size)
-            self._entries.append((data[pos + _REC.size + _IDX.size:end], idx, term))
+            self._entries.append(_Entry(self, idx, term))
             self._ends.append(end)
             pos = end
         if pos != len(data):
@@ -114,14 +162,41 @@ class DurableJournal(Journal):
     def size_bytes(self) -> int:
         return self._bytes
 
+    # ----------------------------------------------------------- payloads
+    def _remember(self, idx: int, command: bytes) -> None:
+        self._cache[idx] = command
+        self._cache_bytes += len(command)
+        while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
+            _, old = self._cache.popitem(last=False)
+            self._cache_bytes -= len(old)
+
+    def _forget_from(self, idx: int) -> None:
+        for k in [k for k in self._cache if k >= idx]:
+            self._cache_bytes -= len(self._cache.pop(k))
+
+    def command(self, idx: int) -> bytes:
+        """The command of entry ``idx``: from the cache, else from the file."""
+        cmd = self._cache.get(idx)
+        if cmd is not None:
+            return cmd
+        i = idx - self._entries[0].idx
+        if not 0 <= i < len(self._entries) or self._entries[i].idx != idx:
+            raise KeyError(f"journal {self.path}: no entry {idx}")
+        start = (self._ends[i - 1] if i else 0) + _REC.size + _IDX.size
+        self._f.flush()
+        cmd = os.pread(self._rfd, self._ends[i] - start, start)
+        self._remember(idx, cmd)
+        return cmd
+
     # ------------------------------------------------------- Journal interface
     def add(self, command, idx, term):
         command = bytes(command)
         frame = self._frame(command, idx, term)
         self._f.write(frame)
         self._bytes += len(frame)
-        self._entries.append((command, idx, term))
+        self._entries.append(_Entry(self, idx, term))
         self._ends.append(self._bytes)
+        self._remember(idx, command)
         self._dirty = True
 
     def clear(self):
@@ -132,6 +207,7 @@ class DurableJournal(Journal):
             return
         self._f.flush()
         keep = self._ends[entryFrom - 1] if entryFrom > 0 else 0
+        self._forget_from(self._entries[entryFrom].idx)
         del self._entries[entryFrom:]
         del self._ends[entryFrom:]
         self._f.truncate(keep)
@@ -145,20 +221,27 @@ class DurableJournal(Journal):
 
     def _rewrite(self, entries) -> None:
         tmp = self.path + ".log.tmp"
-        ends, pos = [], 0
+        ends, pos, kept = [], 0, []
         with open(tmp, "wb") as f:
             for e in entries:
-                frame = self._frame(*e)
+                cmd, idx, term = tuple(e)
+                frame = self._frame(cmd, idx, term)
                 f.write(frame)
                 pos += len(frame)
                 ends.append(pos)
+                kept.append(_Entry(self, idx, term))
             f.flush()
             if self.fsync:
                 os.fsync(f.fileno())
         self._f.close()
+        os.close(self._rfd)
         os.replace(tmp, self.path + ".log")
         self._f = open(self.path + ".log", "ab")
-        self._entries, self._ends, self._bytes = list(entries), ends, pos
+        self._rfd = os.open(self.path + ".log", os.O_RDONLY)
+        live = {e.idx for e in kept}
+        for k in [k for k in self._cache if k not in live]:
+            self._cache_bytes -= len(self._cache.pop(k))
+        self._entries, self._ends, self._bytes = kept, ends, pos
         self._dirty = False
 
     def __getitem__(self, item):
@@ -171,6 +254,7 @@ class DurableJournal(Journal):
         if not self._f.closed:
             self.sync()
             self._f.close()
+            os.close(self._rfd)
             self._store_meta()
 
     def setRaftCommitIndex(self, raftCommitIndex):

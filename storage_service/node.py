@@ -139,13 +139,13 @@ class StorageNode:
         return res
 
     # ---------------------------------------------------------------- produce
-    def produce(self, cfg: dict, queue: int, payloads: list[bytes], producer: str, seq: int):
+    def produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str, seq: int):
+        """Replicate one validated records block to a queue; returns (base, count, ts, dup)."""
         g = self.group_of(cfg["name"], queue)
         self.require_leader(g)
-        records = codec.encode_records(payloads)
         item = (queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                int(time.time() * 1000), len(payloads), records)
-        fut = self.committers[g].submit(item, len(records))
+                int(time.time() * 1000), count, block)
+        fut = self.committers[g].submit(item, len(block))
         try:
             return fut.result(self.config.commit_timeout)
         except FutureTimeout:

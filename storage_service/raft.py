@@ -103,7 +103,7 @@ class RaftGroup(SyncObj):
             connectionTimeout=max(3.5, timing.max_timeout), connectionRetryTime=0.5,
             logCompactionMinEntries=timing.compaction_entries,
             logCompactionMinTime=timing.compaction_seconds,
-            appendEntriesBatchSizeBytes=256 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
+            appendEntriesBatchSizeBytes=64 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
             commandsQueueSize=100_000, dynamicMembershipChange=False,
             # Send appends as soon as a command is queued (pysyncobj then wakes
             # its poller through a pipe) instead of waiting for the next

@@ -14,11 +14,12 @@ import zlib
 
 import grpc
 
-from . import codec
+from . import codec, records
 from .errors import ServiceError, invalid
 from .node import GRPC_OPTIONS, StorageNode
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .routing import META_GROUP
+from .tagfilter import filter_batches, parse_tag_expression
 
 __all__ = ["MessageLogService", "serve"]
 
@@ -68,6 +69,13 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
         raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
     if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
         raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
+
+
+def messages_to_block(msgs) -> bytes:
+    """Protobuf messages -> a columnar records block."""
+    return records.encode([m.value for m in msgs], [m.key if m.HasField("key") else None for m in msgs],
+                          [m.tags for m in msgs], [m.properties for m in msgs],
+                          [m.born_timestamp for m in msgs])
 
 
 def config_to_pb(cfg: dict) -> rmq_pb2.TopicConfig:
@@ -121,40 +129,64 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def Produce(self, request, context):
         check_topic_name(request.topic)
         cfg = self.node.topic(request.topic)
-        msgs = request.messages
-        if not msgs:
-            raise invalid("messages is empty: a produce request needs at least one message")
-        if len(msgs) > self.node.config.max_batch_messages:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"{len(msgs)} messages in one request; the limit is "
-                               f"{self.node.config.max_batch_messages}")
         if request.queue < -1:
             raise invalid(f"queue {request.queue}: use 0..{cfg['queues'] - 1}, or -1 to let the service choose")
-        payloads = [m.SerializeToString() for m in msgs]
-        self._check_sizes(payloads)
-        if cfg["cleanup_policy"] == "compact":
-            for i, m in enumerate(msgs):
-                if not m.HasField("key"):
-                    raise invalid(f"message {i} has no key: topic {cfg['name']!r} is compacted "
-                                  "and every message needs a key")
+        if request.records:
+            if request.messages:
+                raise invalid("give either messages or records, not both")
+            if request.queue < 0:
+                raise invalid("records need an explicit queue (0..{}); send messages to let the "
+                              "service choose".format(cfg["queues"] - 1))
+            count = request.count
+            cols = self._parse_block(request.records, count)
+        else:
+            count = len(request.messages)
+            cols = None
+        if not count:
+            raise invalid("messages is empty: a produce request needs at least one message")
+        if count > self.node.config.max_batch_messages:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"{count} messages in one request; the limit is "
+                               f"{self.node.config.max_batch_messages}")
+        if cols is None:
+            block = messages_to_block(request.messages)
+            cols = records.parse(block, count)
+        else:
+            block = request.records
+        self._check_block(cfg, cols)
         if request.queue >= 0:
             check_queue(cfg, request.queue)
-            res = self.node.produce(cfg, request.queue, payloads, request.producer_id, request.sequence)
+            res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
             return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
-        return self._produce_spread(cfg, msgs, payloads)
+        return self._produce_spread(cfg, request.messages)
 
-    def _check_sizes(self, payloads):
+    @staticmethod
+    def _parse_block(block: bytes, count: int) -> records.Columns:
+        if count <= 0:
+            raise invalid(f"count={count}: messages is empty: a produce request needs at least one message")
+        try:
+            cols = records.parse(block, count)
+        except ValueError as e:
+            raise invalid(f"records: {e}") from None
+        if cols.offset_delta[0] != 0 or cols.offset_delta[-1] != count - 1:
+            raise invalid("records: a produced block must have offset deltas 0..count-1")
+        return cols
+
+    def _check_block(self, cfg: dict, cols: records.Columns) -> None:
         limit = self.node.config.max_message_bytes
-        total = 0
-        for i, p in enumerate(payloads):
-            if len(p) > limit:
-                raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"message {i} is {len(p)} bytes; the limit is {limit} bytes")
-            total += len(p)
-        if total > self.node.config.max_batch_bytes:
+        sizes = cols.message_sizes()
+        big = int(sizes.argmax())
+        if sizes[big] > limit:
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"request carries {total} bytes; the batch limit is "
+                               f"message {big} is {int(sizes[big])} bytes; the limit is {limit} bytes")
+        if cols.size > self.node.config.max_batch_bytes:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"request carries {cols.size} bytes; the batch limit is "
                                f"{self.node.config.max_batch_bytes} bytes")
+        if cfg["cleanup_policy"] == "compact" and not cols.key_valid.all():
+            i = int((cols.key_valid == 0).argmax())
+            raise invalid(f"message {i} has no key: topic {cfg['name']!r} is compacted "
+                          "and every message needs a key")
 
     @staticmethod
     def _result(queue, res):
@@ -162,26 +194,26 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         return rmq_pb2.ProduceResult(queue=queue, base_offset=base, count=count,
                                      store_timestamp=ts, duplicate=dup)
 
-    def _produce_spread(self, cfg, msgs, payloads):
+    def _produce_spread(self, cfg, msgs):
         """queue=-1: keyed messages go to hash(key) % queues, the rest to one round-robin queue."""
         self._rr += 1
         rr = self._rr % cfg["queues"]
-        by_queue: dict[int, list[int]] = {}
-        for i, m in enumerate(msgs):
+        by_queue: dict[int, list] = {}
+        for m in msgs:
             q = zlib.crc32(m.key) % cfg["queues"] if m.HasField("key") else rr
-            by_queue.setdefault(q, []).append(i)
+            by_queue.setdefault(q, []).append(m)
         resp = rmq_pb2.ProduceResponse()
-        for q, idx in sorted(by_queue.items()):
+        for q, part in sorted(by_queue.items()):
             g = self.node.group_of(cfg["name"], q)
             if self.node.groups[g].is_leader:
-                res = self.node.produce(cfg, q, [payloads[i] for i in idx], "", 0)
+                res = self.node.produce(cfg, q, messages_to_block(part), len(part), "", 0)
                 resp.results.append(self._result(q, res))
             else:
                 leader = self.node.leader_of(g)
                 if leader is None:
                     raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"group {g} has no leader yet")
                 fwd = self.node.stub(leader).Produce(rmq_pb2.ProduceRequest(
-                    topic=cfg["name"], queue=q, messages=[msgs[i] for i in idx]), timeout=30)
+                    topic=cfg["name"], queue=q, messages=part), timeout=30)
                 resp.results.extend(fwd.results)
         return resp
 
@@ -195,6 +227,10 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             raise invalid(f"offset {request.offset} is negative: offsets start at 0")
         if request.max_bytes < 0 or request.max_messages < 0 or request.wait_ms < 0:
             raise invalid("max_bytes, max_messages and wait_ms must be >= 0")
+        try:
+            wanted = parse_tag_expression(request.tags)
+        except ValueError as e:
+            raise invalid(str(e)) from None
         g, ql = self.node.queue_log(cfg, request.queue)
         if not request.allow_follower:
             self.node.require_leader(g)
@@ -214,6 +250,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         nxt = request.offset
         for h in codec.iter_batches(batches, verify=False):
             nxt = h.next_offset
+        batches = filter_batches(batches, wanted)
         return rmq_pb2.FetchResponse(batches=batches, next_offset=nxt, earliest=earliest,
                                      latest=latest, served_by=self.node.config.address)
 

@@ -179,3 +179,35 @@ def test_cluster_status_names_pids_and_leaders(cluster, client):
     for n in st["nodes"]:
         assert len(n["groups"]) == 4
         assert all(g["leader"] in cluster.addresses for g in n["groups"])
+
+
+def test_tag_filter_runs_on_the_server_and_keeps_offsets(client, topic):
+    msgs = [Message(value=f"m{i}".encode(), tags=["TagA", "TagB", "TagC"][i % 3]) for i in range(9)]
+    client.produce(topic, msgs, queue=1)
+    client.produce(topic, [Message(value=b"only-c", tags="TagC")], queue=1)
+    got = client.fetch(topic, 1, 0, tags="TagA || TagC")
+    assert [(r.offset, r.tags) for r in got.records] == [
+        (0, "TagA"), (2, "TagC"), (3, "TagA"), (5, "TagC"), (6, "TagA"), (8, "TagC"), (9, "TagC")]
+    only_b = client.fetch(topic, 1, 9, tags="TagB")
+    assert only_b.records == [] and only_b.next_offset == 10     # filtered out, still advances
+    rb, nxt, _, _ = client.fetch_arrow(topic, 1, 0, tags="TagB")
+    assert rb.column("offset").to_pylist() == [1, 4, 7] and nxt == 10
+    with pytest.raises(InvalidArgument, match="not a tag"):
+        client.fetch(topic, 1, 0, tags="TagA | TagB")
+
+
+def test_fetch_arrow_matches_record_fetch(client, topic):
+    msgs = [Message(value=f"v{i}".encode(), key=None if i % 2 else f"k{i}".encode(), tags="T",
+                    properties={"i": str(i)}, born_timestamp=1000 + i) for i in range(50)]
+    for i in range(0, 50, 10):
+        client.produce(topic, msgs[i:i + 10], queue=0)
+    recs = client.fetch(topic, 0, 5).records
+    rb, nxt, earliest, latest = client.fetch_arrow(topic, 0, 5, end=45)
+    assert (nxt, earliest, latest) == (50, 0, 50)
+    rows = rb.to_pylist()
+    assert [r["offset"] for r in rows] == list(range(5, 45))
+    for row, rec in zip(rows, recs):
+        assert (row["key"], row["value"], row["tags"], dict(row["properties"]), row["msg_id"]) == \
+            (rec.key, rec.value, rec.tags, rec.properties, rec.msg_id)
+        assert round(row["born_timestamp"].timestamp() * 1000) == rec.born_timestamp
+        assert round(row["timestamp"].timestamp() * 1000) == rec.store_timestamp

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
-from storage_service import codec
+from storage_service import codec, records
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.routing import META_GROUP, group_of
 
@@ -66,15 +66,40 @@ def to_pb(m: MessageLike) -> rmq_pb2.Message:
     return pb
 
 
+def to_block(messages: Sequence[MessageLike]) -> bytes:
+    """Messages -> the columnar records block the service stores as is."""
+    now = int(time.time() * 1000)
+    values, keys, tags, props, born = [], [], [], [], []
+    for m in messages:
+        if isinstance(m, (bytes, bytearray, memoryview)):
+            values.append(bytes(m)), keys.append(None), tags.append(""), props.append({}), born.append(now)
+            continue
+        if isinstance(m, str):
+            m = Message(value=m.encode())
+        elif isinstance(m, dict):
+            m = Message(**m)
+        values.append(m.value if isinstance(m.value, bytes) else str(m.value).encode())
+        keys.append(None if m.key is None else m.key if isinstance(m.key, bytes) else str(m.key).encode())
+        tags.append(m.tags or "")
+        props.append({str(k): str(v) for k, v in (m.properties or {}).items()})
+        born.append(m.born_timestamp or now)
+    return records.encode(values, keys, tags, props, born)
+
+
 def decode_records(topic: str, queue: int, batches: bytes, start: int,
                    limit: int | None = None) -> list[Record]:
     out = []
-    for off, ts, body in codec.iter_records(batches, start):
-        pb = rmq_pb2.Message.FromString(body)
-        out.append(Record(topic, queue, off, pb.key if pb.HasField("key") else None, pb.value,
-                          pb.tags, dict(pb.properties), pb.born_timestamp, ts, msg_id(topic, queue, off)))
-        if limit is not None and len(out) >= limit:
-            break
+    for h, cols in codec.iter_blocks(batches):
+        if h.last_offset < start:
+            continue
+        for delta, key, value, tags, props, born in records.iter_rows(cols):
+            off = h.base_offset + delta
+            if off < start:
+                continue
+            out.append(Record(topic, queue, off, key, value, tags, props, born, h.store_ts,
+                              msg_id(topic, queue, off)))
+            if limit is not None and len(out) >= limit:
+                return out
     return out
 
 
@@ -195,12 +220,15 @@ class Client:
                 timeout: float | None = None) -> list[ProduceResult]:
         """Append messages. With ``queue`` the call is one batch to that queue,
         idempotent across retries; without, the service spreads by key hash."""
-        pbs = [to_pb(m) for m in messages]
-        req = rmq_pb2.ProduceRequest(topic=topic, queue=-1 if queue is None else queue, messages=pbs)
+        messages = list(messages)
         group = None
-        if queue is not None:
+        if queue is None:
+            req = rmq_pb2.ProduceRequest(topic=topic, queue=-1, messages=[to_pb(m) for m in messages])
+        else:
+            req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=to_block(messages),
+                                         count=len(messages))
             if producer_id is None:
-                producer_id, sequence = self._next_sequence(topic, queue, len(pbs))
+                producer_id, sequence = self._next_sequence(topic, queue, len(messages))
             req.producer_id, req.sequence = producer_id, sequence or 0
             group = self.group_of(topic, queue)
         resp = self.call("Produce", req, group=group, timeout=timeout)
@@ -210,15 +238,37 @@ class Client:
     # --------------------------------------------------------------- fetch
     def fetch(self, topic: str, queue: int, offset: int, max_messages: int = 0,
               max_bytes: int = 0, wait_ms: int = 0, from_follower: bool = False,
-              address: str | None = None) -> FetchResult:
+              address: str | None = None, tags: str = "") -> FetchResult:
+        """Records from ``offset`` on. ``tags="TagA || TagB"`` filters on the server;
+        then ``records`` may be empty while ``next_offset`` advances."""
         req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_messages=max_messages,
-                                   max_bytes=max_bytes, wait_ms=wait_ms, allow_follower=from_follower)
+                                   max_bytes=max_bytes, wait_ms=wait_ms, allow_follower=from_follower,
+                                   tags=tags)
         group = None if from_follower else self.group_of(topic, queue)
         resp = self.call("Fetch", req, group=group, address=address,
                          timeout=self.timeout + wait_ms / 1000)
         recs = decode_records(topic, queue, resp.batches, offset, max_messages or None)
-        nxt = recs[-1].offset + 1 if recs and max_messages else resp.next_offset
+        capped = max_messages and len(recs) >= max_messages
+        nxt = recs[-1].offset + 1 if capped else resp.next_offset
         return FetchResult(recs, nxt, resp.earliest, resp.latest, resp.served_by)
+
+    def fetch_arrow(self, topic: str, queue: int, offset: int, end: int | None = None,
+                    max_bytes: int = 0, wait_ms: int = 0, from_follower: bool = False,
+                    address: str | None = None, tags: str = ""):
+        """Fetch as one Arrow RecordBatch (schema ``arrow.ARROW_SCHEMA``) of offsets in [offset, end).
+
+        Returns ``(batch, next_offset, earliest, latest)``; next_offset is where
+        the following fetch starts (it may pass ``end``: the batch is trimmed).
+        """
+        from .arrow import batches_to_arrow
+
+        req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_bytes=max_bytes,
+                                   wait_ms=wait_ms, allow_follower=from_follower, tags=tags)
+        group = None if from_follower else self.group_of(topic, queue)
+        resp = self.call("Fetch", req, group=group, address=address,
+                         timeout=self.timeout + wait_ms / 1000)
+        rb = batches_to_arrow(resp.batches, topic, queue, offset, end)
+        return rb, resp.next_offset, resp.earliest, resp.latest
 
     def fetch_raw(self, topic: str, queue: int, offset: int, max_bytes: int = 0,
                   from_follower: bool = False) -> rmq_pb2.FetchResponse:

@@ -5,8 +5,10 @@ import os
 
 import pytest
 
-from storage_service.codec import CorruptBatch, encode_records, frame_batch, iter_batches, iter_records
+from storage_service.codec import CorruptBatch, frame_batch, iter_batches
 from storage_service.segment import QueueLog
+
+from ._helpers import encode_values, iter_values
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +18,7 @@ PER_BATCH = 5
 def _append(q: QueueLog, ts: int = 1000, n: int = PER_BATCH) -> bytes:
     base = q.next_offset
     msgs = [f"m{base + i:06d}".encode() for i in range(n)]
-    frame = frame_batch(base, ts, n, base + 1, encode_records(msgs))
+    frame = frame_batch(base, ts, n, base + 1, encode_values(msgs))
     q.append(frame, next(iter_batches(frame)))
     return frame
 
@@ -32,7 +34,7 @@ def _read_all(q: QueueLog, start: int | None = None, max_bytes: int = 1 << 20) -
     while off < q.next_offset:
         data = q.read(off, max_bytes)
         assert data, f"read({off}) returned nothing before next_offset {q.next_offset}"
-        for o, _, m in iter_records(data, off):
+        for o, _, m in iter_values(data, off):
             assert bytes(m) == f"m{o:06d}".encode()
             out.append(o)
         off = out[-1] + 1
@@ -64,7 +66,7 @@ def test_append_then_read_returns_the_frame_bytes(qpath):
 def test_append_at_wrong_offset_is_rejected(qpath):
     q = QueueLog(qpath, fsync=False)
     _append(q)
-    frame = frame_batch(99, 0, 1, 9, encode_records([b"x"]))
+    frame = frame_batch(99, 0, 1, 9, encode_values([b"x"]))
     with pytest.raises(ValueError, match="append at 99"):
         q.append(frame, next(iter_batches(frame)))
     assert q.next_offset == PER_BATCH

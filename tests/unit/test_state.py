@@ -6,9 +6,11 @@ import os
 
 import pytest
 
-from storage_service.codec import encode_records, iter_batches, iter_records
+from storage_service.codec import iter_batches
 from storage_service.meta import TOPIC_DEFAULTS, MetaState
 from storage_service.state import apply_position, DataState, parse_queue_dir, queue_dir
+
+from ._helpers import encode_values, iter_values
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +18,7 @@ Q = queue_dir("orders", "abc123", 0)
 
 
 def _produce(qdir: str, producer: str, seq: int, ts: int, msgs: list[bytes]) -> tuple:
-    return ("produce", [(qdir, producer, seq, ts, len(msgs), encode_records(msgs))])
+    return ("produce", [(qdir, producer, seq, ts, len(msgs), encode_values(msgs))])
 
 
 def _msgs(tag: str, n: int = 3) -> list[bytes]:
@@ -27,7 +29,7 @@ def _records(state: DataState, qdir: str = Q) -> list[tuple[int, int, bytes]]:
     q = state.queue(qdir)
     out, off = [], q.earliest
     while off < q.next_offset:
-        for o, ts, m in iter_records(q.read(off, 1 << 20), off):
+        for o, ts, m in iter_values(q.read(off, 1 << 20), off):
             out.append((o, ts, bytes(m)))
         off = out[-1][0] + 1
     return out
@@ -54,8 +56,8 @@ def test_produce_assigns_contiguous_offsets(state):
 
 def test_one_command_may_carry_batches_for_several_queues(state):
     q1 = queue_dir("orders", "abc123", 1)
-    cmd = ("produce", [(Q, "", 0, 5, 2, encode_records(_msgs("x", 2))),
-                       (q1, "", 0, 5, 1, encode_records(_msgs("y", 1)))])
+    cmd = ("produce", [(Q, "", 0, 5, 2, encode_values(_msgs("x", 2))),
+                       (q1, "", 0, 5, 1, encode_values(_msgs("y", 1)))])
     assert state.apply(1, cmd) == [(0, 2, 5, False), (0, 1, 5, False)]
     assert [m for _, _, m in _records(state, q1)] == _msgs("y", 1)
 
@@ -63,8 +65,8 @@ def test_one_command_may_carry_batches_for_several_queues(state):
 def test_group_commit_of_two_batches_for_one_queue_stores_both(state):
     # GroupCommitter coalesces concurrent produce calls into one raft entry,
     # so one command may carry several batches for the same queue.
-    cmd = ("produce", [(Q, "", 0, 5, 2, encode_records(_msgs("x", 2))),
-                       (Q, "p1", 0, 5, 1, encode_records(_msgs("z", 1)))])
+    cmd = ("produce", [(Q, "", 0, 5, 2, encode_values(_msgs("x", 2))),
+                       (Q, "p1", 0, 5, 1, encode_values(_msgs("z", 1)))])
     assert state.apply(1, cmd) == [(0, 2, 5, False), (2, 1, 5, False)]
     assert [m for _, _, m in _records(state)] == _msgs("x", 2) + _msgs("z", 1)
 
