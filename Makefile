@@ -7,18 +7,28 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit chaos bench clean
+JARS   := jars/.resolved
+
+.PHONY: demo test test-unit chaos bench jars clean
 
 $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,spark]'
 	touch $@
 
-demo: $(STAMP)
+# Delta Lake's JVM jars, resolved by Maven (cached in ~/.m2) into jars/.
+$(JARS): jars/pom.xml
+	rm -f jars/*.jar
+	mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory=. -DexcludeTransitive=true
+	touch $@
+
+jars: $(JARS)
+
+demo: $(STAMP) $(JARS)
 	$(PY) -m rmq_spark.demo
 
-test: $(STAMP)
+test: $(STAMP) $(JARS)
 	$(PY) -m pytest -m "not chaos" -q $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
@@ -31,4 +41,4 @@ bench: $(STAMP)
 	$(PY) bench/produce.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info storage_service/proto/*_pb2*.py
+	rm -rf $(VENV) build *.egg-info storage_service/proto/*_pb2*.py jars/*.jar $(JARS)

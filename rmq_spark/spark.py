@@ -1,0 +1,36 @@
+"""SparkSession set-up with Delta Lake from the project's ``jars/`` directory.
+
+``make`` resolves the Delta jars with Maven into ``jars/`` (see jars/pom.xml),
+so no job downloads anything at run time.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+__all__ = ["JARS_DIR", "delta_jars", "session_builder"]
+
+JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "jars"))
+
+
+def delta_jars() -> list[str]:
+    """The Delta jars in ``JARS_DIR``; a clear error if they were never resolved."""
+    jars = sorted(glob.glob(os.path.join(JARS_DIR, "*.jar")))
+    if not any(os.path.basename(j).startswith("delta-spark") for j in jars):
+        raise FileNotFoundError(f"no Delta jars in {JARS_DIR}: run `make jars` (Maven resolves "
+                                "jars/pom.xml), or point RMQ_SPARK_JARS at a folder holding them")
+    return jars
+
+
+def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"):
+    """A ``SparkSession.Builder`` with the Delta extension and catalog configured."""
+    from pyspark.sql import SparkSession
+
+    b = (SparkSession.builder.appName(app_name)
+         .config("spark.jars", ",".join(delta_jars()))
+         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.ui.showConsoleProgress", "false"))
+    return b.master(master) if master else b
