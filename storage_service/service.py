@@ -100,6 +100,18 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
     @_guard
+    def AlterTopic(self, request, context):
+        check_topic_name(request.name)
+        cfg = self.node.topic(request.name)
+        changes = {f: getattr(request, f) for f in ("retention_ms", "retention_bytes", "tier",
+                                                    "local_retention_ms") if request.HasField(f)}
+        if not changes:
+            raise invalid("nothing to alter: give retention_ms, retention_bytes, tier or local_retention_ms")
+        check_config(config_to_pb({**cfg, **changes}))
+        altered = self.node.meta_command(("alter_topic", request.name, changes))
+        return rmq_pb2.CreateTopicResponse(config=config_to_pb(altered))
+
+    @_guard
     def DeleteTopic(self, request, context):
         check_topic_name(request.name)
         self.node.meta_command(("delete_topic", request.name))

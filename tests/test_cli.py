@@ -118,3 +118,16 @@ def test_rmq_storage_local_prints_endpoints_and_stops_on_sigterm(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
+
+
+def test_tiered_topic_create_and_alter(cluster):
+    rmq(cluster, "topic", "create", "cli-tier", "--queues", "1", "--tier", "delta:/tmp/a",
+        "--local-retention", "1h", "--retention", "30d")
+    d = json.loads(rmq(cluster, "topic", "describe", "cli-tier", "--json").stdout)
+    assert (d["tier"], d["local_retention_ms"], d["retention_ms"]) == ("delta:/tmp/a", 3600_000, 30 * 86400_000)
+    out = rmq(cluster, "topic", "alter", "cli-tier", "--local-retention", "2h").stdout
+    assert "local retention 2h" in out
+    bad = rmq(cluster, "topic", "alter", "cli-tier", "--tier", "s3only", check=False)
+    assert bad.returncode != 0 and "delta:PATH or parquet:PATH" in bad.stderr
+    d = json.loads(rmq(cluster, "topic", "describe", "cli-tier", "--json").stdout)
+    assert (d["tier"], d["local_retention_ms"]) == ("delta:/tmp/a", 2 * 3600_000)

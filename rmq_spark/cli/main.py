@@ -33,6 +33,15 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--retention", default="7d", help="time retention, e.g. 7d, 12h, 0 = forever")
     c.add_argument("--retention-bytes", default="0", help="per-queue size retention, e.g. 10GB; 0 = none")
     c.add_argument("--cleanup-policy", choices=["delete", "compact"], default="delete")
+    c.add_argument("--tier", default="", help="tiered storage: delta:PATH or parquet:PATH")
+    c.add_argument("--local-retention", default="0",
+                   help="hot retention on the nodes for a tiered topic, e.g. 1h (0 = --retention)")
+    al = ts.add_parser("alter", help="change retention or tiering of a topic")
+    al.add_argument("name")
+    al.add_argument("--retention", default=None)
+    al.add_argument("--retention-bytes", default=None)
+    al.add_argument("--tier", default=None)
+    al.add_argument("--local-retention", default=None)
     ts.add_parser("list", help="list topics")
     d = ts.add_parser("describe", help="config and per-queue offsets")
     d.add_argument("name")
@@ -71,8 +80,16 @@ def cmd_topic(client: Client, a) -> int:
     if a.action == "create":
         cfg = client.create_topic(a.name, queues=a.queues, retention_ms=parse_duration_ms(a.retention),
                                   retention_bytes=parse_size_bytes(a.retention_bytes),
-                                  cleanup_policy=a.cleanup_policy)
+                                  cleanup_policy=a.cleanup_policy, tier=a.tier,
+                                  local_retention_ms=parse_duration_ms(a.local_retention))
         print(f"created topic {cfg['name']} with {cfg['queues']} queues")
+    elif a.action == "alter":
+        opt = lambda v, f: None if v is None else f(v)  # noqa: E731
+        cfg = client.alter_topic(a.name, retention_ms=opt(a.retention, parse_duration_ms),
+                                 retention_bytes=opt(a.retention_bytes, parse_size_bytes), tier=a.tier,
+                                 local_retention_ms=opt(a.local_retention, parse_duration_ms))
+        print(f"altered topic {cfg['name']}: retention {_dur(cfg['retention_ms'])}, "
+              f"tier {cfg['tier'] or 'none'}, local retention {_dur(cfg['local_retention_ms'])}")
     elif a.action == "list":
         rows = [[t["name"], t["queues"], t["cleanup_policy"], _dur(t["retention_ms"])]
                 for t in client.list_topics()]
@@ -84,7 +101,8 @@ def cmd_topic(client: Client, a) -> int:
             return 0
         print(f"topic {d['name']}: {d['queues']} queues, policy {d['cleanup_policy']}, "
               f"retention {_dur(d['retention_ms'])}, retention-bytes "
-              f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}")
+              f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}"
+              + (f", tier {d['tier']}, local retention {_dur(d['local_retention_ms'])}" if d["tier"] else ""))
         rows = [[q["queue"], q["group"], q["earliest"], q["latest"], human_bytes(q["size_bytes"]),
                  q["archived"] if q["archived"] >= 0 else "-", q["leader"]] for q in d["queue_info"]]
         print(table(rows, ["queue", "group", "earliest", "latest", "size", "archived", "leader"]))

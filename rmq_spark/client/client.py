@@ -191,6 +191,16 @@ class Client:
         resp = self.call("CreateTopic", rmq_pb2.CreateTopicRequest(config=cfg), group=META_GROUP)
         return _cfg_dict(resp.config)
 
+    def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
+                    tier: str | None = None, local_retention_ms: int | None = None) -> dict:
+        """Change retention or tiering of an existing topic (None leaves a field as is)."""
+        req = rmq_pb2.AlterTopicRequest(name=name)
+        for field, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes),
+                             ("tier", tier), ("local_retention_ms", local_retention_ms)):
+            if value is not None:
+                setattr(req, field, value)
+        return _cfg_dict(self.call("AlterTopic", req, group=META_GROUP).config)
+
     def delete_topic(self, name: str) -> None:
         self.call("DeleteTopic", rmq_pb2.DeleteTopicRequest(name=name), group=META_GROUP)
 
