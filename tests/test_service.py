@@ -211,3 +211,21 @@ def test_fetch_arrow_matches_record_fetch(client, topic):
             (rec.key, rec.value, rec.tags, rec.properties, rec.msg_id)
         assert round(row["born_timestamp"].timestamp() * 1000) == rec.born_timestamp
         assert round(row["timestamp"].timestamp() * 1000) == rec.store_timestamp
+
+
+def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
+    client.create_topic("ret-tier", queues=1, retention_ms=86_400_000, tier="delta:/tmp/x",
+                        local_retention_ms=500)
+    for _ in range(20):
+        client.produce("ret-tier", [b"v" * 1024] * 20, queue=0)    # 400 KiB in 64 KiB segments
+    time.sleep(1.5)                                                 # past the local retention
+    client.produce("ret-tier", [b"tail"], queue=0)
+    time.sleep(1.5)                                                 # three retention passes
+    assert client.offsets("ret-tier")[0].earliest == 0, "nothing is archived: nothing may go"
+    client.set_watermark("ret-tier", "archive", {0: 150})
+    o = wait_until(lambda: (lambda x: x if x.earliest > 0 else None)(client.offsets("ret-tier")[0]),
+                   what="retention up to the archived watermark")
+    assert 0 < o.earliest <= 150
+    time.sleep(1.5)
+    assert client.offsets("ret-tier")[0].earliest <= 150
+    assert client.describe_topic("ret-tier")["queue_info"][0]["archived"] == 150
