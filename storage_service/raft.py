@@ -17,7 +17,8 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 * Snapshots: the state machine provides ``snapshot() -> bytes`` and
   ``restore(bytes, index, leader)``; a data group's snapshot is a segment
   manifest, never the message payloads.
-* Wire: see ``_tune_pysyncobj_wire``.
+* Wire: ``_wire.FastTcpConnection`` replaces pysyncobj's quadratic buffers
+  and zlib/protocol-2 pickle framing.
 * Ticks: ``autoTick`` is off so the journal can be swapped before the first
   tick; our thread ticks. Appends go out as soon as a command is queued
   (``appendEntriesUseBatch=False``: pysyncobj wakes its poller through a
@@ -33,15 +34,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-import pickle
-import types
-import zlib
-
-import pysyncobj.pickle
-import pysyncobj.tcp_connection
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import TCPNode
 
+from . import _wire
 from .journal import DurableJournal
 
 __all__ = ["RaftGroup", "RaftTiming", "StateMachine"]
@@ -50,22 +46,7 @@ log = logging.getLogger(__name__)
 _LEN = struct.Struct("<QQQ")
 
 
-def _tune_pysyncobj_wire() -> None:
-    """Make pysyncobj's wire cheap for binary payloads (applied once, at import).
-
-    pysyncobj pickles with protocol 2, where ``bytes`` become latin-1 strings
-    (bytes >= 0x80 take two bytes, and encoding costs per byte), and
-    zlib-compresses every TCP message at level 3. On incompressible 1 KiB
-    messages that held a 3-node group to ~4k messages/s. Protocol 5 pickles
-    bytes as they are; zlib level 0 only frames them, and stays readable by
-    a stock pysyncobj peer.
-    """
-    setattr(pysyncobj.pickle, "__protocol", pickle.HIGHEST_PROTOCOL)
-    pysyncobj.tcp_connection.zlib = types.SimpleNamespace(
-        compress=lambda data, level=0: zlib.compress(data, 0), decompress=zlib.decompress)
-
-
-_tune_pysyncobj_wire()
+_wire.install()   # see storage_service/_wire.py
 
 
 class StateMachine(Protocol):
