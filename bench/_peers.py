@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 import urllib.request
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -278,25 +277,13 @@ def _syncobj_conf(journal: str, tick: float, overrides: dict[str, Any]):
     ), **overrides})
 
 
-class _StoredZlib:
-    """``zlib`` for pysyncobj's TCP transport: level 0 is still valid zlib."""
-
-    decompress = staticmethod(zlib.decompress)
-
-    @staticmethod
-    def compress(data: bytes, level: int = -1) -> bytes:
-        return zlib.compress(data, 0)
-
-
 def _use_fast_wire() -> None:
-    """Patch this process's pysyncobj: pickle protocol 5 instead of 2 (which
-    turns every ``bytes`` into a latin-1 ``str`` and back, growing values >= 0x80
-    to two bytes) and no zlib on the wire. All nodes must agree on it."""
-    import pysyncobj.pickle as sopickle
-    import pysyncobj.tcp_connection as sotcp
+    """Give this process's pysyncobj the wire rmq's nodes run
+    (``storage_service._wire``: bytearray buffers, highest pickle protocol, no
+    zlib), so the ceiling and our rows pay the same transport costs."""
+    from storage_service import _wire
 
-    vars(sopickle)["__protocol"] = 5
-    sotcp.zlib = _StoredZlib
+    _wire.install()
 
 
 def _make_log_class():

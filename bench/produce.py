@@ -63,7 +63,7 @@ RMQ_B1 = "rmq-spark 3-node, batch=1"
 RMQ_B100 = "rmq-spark 3-node, batch=100"
 NATS = "NATS JetStream R3, async publish (nats-py)"
 CEILING = "pysyncobj raw replicated append (ceiling)"
-CEILING_FAST = "pysyncobj raw append, pickle 5 + zlib 0 wire"
+CEILING_FAST = "pysyncobj raw append, rmq wire (ceiling)"
 
 
 @dataclass
@@ -431,8 +431,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="concurrent rmq producer threads (default 8)")
     p.add_argument("--payload", choices=_peers.PAYLOAD_KINDS, default="random",
                    help="message values (default random: incompressible)")
-    p.add_argument("--syncobj-fast-wire", action="store_true",
-                   help="add a pysyncobj row with pickle protocol 5 and zlib level 0")
     args = p.parse_args(argv)
     if args.seconds is None:
         args.seconds = 1.0 if args.quick else 5.0
@@ -451,8 +449,7 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> list[Row]:
         else:
             rows.append(measure_nats(args, values[0], root, env))
         rows.append(measure_ceiling(args, root, fast_wire=False))
-        if args.syncobj_fast_wire:
-            rows.append(measure_ceiling(args, root, fast_wire=True))
+        rows.append(measure_ceiling(args, root, fast_wire=True))
     return rows
 
 
