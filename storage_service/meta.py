@@ -95,10 +95,6 @@ class MetaState:
         with self.lock:
             return incarnation in self.deleted
 
-    def forget_deleted(self, incarnation: str) -> None:
-        with self.lock:
-            self.deleted.pop(incarnation, None)
-
     def watermark(self, topic: str, kind: str) -> dict[int, int]:
         with self.lock:
             return {int(q): o for q, o in self.watermarks.get(topic, {}).get(kind, {}).items()}

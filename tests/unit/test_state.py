@@ -358,8 +358,6 @@ def test_delete_topic_removes_config_offsets_and_watermarks():
     assert m.topic("t") is None
     assert (m.committed("g", "t"), m.watermark("t", "archive"), m.groups_for("t")) == ({}, {}, [])
     assert m.is_deleted(inc)
-    m.forget_deleted(inc)
-    assert not m.is_deleted(inc)
 
 
 def test_delete_unknown_topic_is_not_found():
