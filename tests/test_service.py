@@ -229,3 +229,33 @@ def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
     time.sleep(1.5)
     assert client.offsets("ret-tier")[0].earliest <= 150
     assert client.describe_topic("ret-tier")["queue_info"][0]["archived"] == 150
+
+
+def test_garbage_records_blocks_are_rejected_and_the_node_keeps_serving(cluster, client, topic):
+    import random
+
+    from rmq_spark.client.client import to_block
+
+    rng = random.Random(5)
+    good = to_block([Message(value=b"v" * 20, key=b"k", tags="T", properties={"a": "b"})] * 3)
+    stub = rmq_pb2_grpc.MessageLogStub(grpc.insecure_channel(cluster.addresses[0]))
+    codes = set()
+    for i in range(200):
+        blob = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            blob[rng.randrange(len(blob))] = rng.randrange(256)
+        if i % 3 == 0:
+            blob = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 80)))
+        req = rmq_pb2.ProduceRequest(topic=topic, queue=0, records=bytes(blob), count=rng.choice([1, 3, 7]))
+        try:
+            client.call("Produce", req, group=client.group_of(topic, 0))
+        except InvalidArgument as e:
+            codes.add("INVALID_ARGUMENT")
+            assert "records" in str(e) or "count" in str(e)
+        except ResourceExhausted:
+            codes.add("RESOURCE_EXHAUSTED")
+    assert "INVALID_ARGUMENT" in codes
+    assert stub.Health(rmq_pb2.HealthRequest(), timeout=5).serving
+    # whatever was accepted reads back cleanly
+    off = client.offsets(topic)[0]
+    assert len(client.fetch(topic, 0, 0, max_bytes=4 << 20).records) == off.latest
