@@ -11,10 +11,13 @@ JARS   := jars/.resolved
 
 .PHONY: demo test test-unit chaos bench jars clean
 
+# compat editable mode: Spark finds `pyspark_rocketmq` with pkgutil.iter_modules,
+# which cannot see setuptools' default (import-hook) editable install.
 $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
+	command -v java >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jre-headless)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test,spark]'
+	$(PIP) install -q -e '.[test,spark]' --config-settings editable_mode=compat
 	touch $@
 
 # Delta Lake's JVM jars, resolved by Maven (cached in ~/.m2) into jars/.
@@ -37,8 +40,10 @@ test-unit: $(STAMP)
 chaos: $(STAMP)
 	$(PY) -m pytest -m chaos -q -s
 
-bench: $(STAMP)
+bench: $(STAMP) $(JARS)
 	$(PY) bench/produce.py
+	$(PY) bench/spark_read.py
+	$(PY) bench/spark_write.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info storage_service/proto/*_pb2*.py jars/*.jar $(JARS)

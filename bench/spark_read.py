@@ -1,0 +1,264 @@
+#!/usr/bin/env python
+"""Spark read benchmark: format("rocketmq") against Parquet and the Arrow API ceiling.
+
+One run measures every row on this machine and prints one table plus the
+issue's targets::
+
+    .venv/bin/python bench/spark_read.py                  # 100 B and 1 KiB, a few minutes
+    .venv/bin/python bench/spark_read.py --quick          # smoke run, ~1 minute
+    .venv/bin/python bench/spark_read.py --json bench/results/spark_read.json
+
+For each message size the same messages are read three ways, each into
+Spark's ``noop`` sink (every column materialized, nothing written):
+
+1. ``spark.read.format("rocketmq")`` from a 3-node LocalCluster (topic with
+   8 queues, so 8 tasks on ``local[2]``).
+2. ``spark.read.parquet`` of the same rows (all ten columns), written once.
+3. An in-memory Python data source that yields ready-made Arrow batches of
+   the same schema (one real fetched batch, repeated): what any Python data
+   source can reach through Spark's API; the ceiling for (1).
+
+Then end-to-end streaming latency: one message every 20 ms, produce call ->
+visible in a ``foreachBatch`` function, p50/p99.
+
+Rates are the median of ``--repeats`` timed runs after one warm-up run;
+MB = 10^6 bytes of message values. Progress goes to stderr, the table to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(BENCH_DIR)
+if REPO_ROOT not in sys.path:  # benchmark the checkout, installed or not
+    sys.path.insert(1, REPO_ROOT)
+
+import numpy as np  # noqa: E402
+
+log = logging.getLogger("bench.spark_read")
+QUEUES = 8
+PRODUCE_BATCH = 5000
+TARGET_VS_PARQUET = 0.50
+TARGET_VS_CEILING = 0.70
+
+
+def produce(client, topic: str, count: int, size: int) -> None:
+    """``count`` random ``size``-byte messages over QUEUES queues, 8 producer threads."""
+    rng = np.random.default_rng(size)
+    pool = [bytes(v) for v in rng.integers(0, 256, (PRODUCE_BATCH * 2, size), dtype=np.uint8)]
+    done, lock, t0 = [0], threading.Lock(), time.monotonic()
+
+    def work(q: int) -> None:
+        mine = count // QUEUES + (1 if q < count % QUEUES else 0)
+        for start in range(0, mine, PRODUCE_BATCH):
+            n = min(PRODUCE_BATCH, mine - start)
+            k = (start // PRODUCE_BATCH) % 2 * PRODUCE_BATCH
+            client.produce(topic, pool[k:k + n], queue=q)
+            with lock:
+                done[0] += n
+                if done[0] // 100_000 != (done[0] - n) // 100_000:
+                    log.info("  produce %-6s %10s msgs  %8.0f msgs/s", topic, f"{done[0]:,}",
+                             done[0] / (time.monotonic() - t0))
+
+    threads = [threading.Thread(target=work, args=(q,)) for q in range(QUEUES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def timed(label: str, run, rows: int, repeats: int) -> float:
+    """Median rows/s of ``repeats`` runs of ``run()`` after one warm-up."""
+    run()
+    rates = []
+    for i in range(repeats):
+        t = time.perf_counter()
+        run()
+        rates.append(rows / (time.perf_counter() - t))
+        log.info("  %-28s run %d/%d %12s rows/s", label, i + 1, repeats, f"{rates[-1]:,.0f}")
+    return statistics.median(rates)
+
+
+def arrow_ceiling_source(template_ipc: bytes):
+    """A DataSource class yielding ``template`` batches: no I/O, no decoding."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from rmq_spark.client.arrow import SPARK_DDL
+
+    class MemReader(DataSourceReader):
+        def __init__(self, parts):
+            self.parts = parts
+
+        def partitions(self):
+            return [InputPartition(n) for n in self.parts]
+
+        def read(self, partition):
+            import pyarrow as pa
+            template = pa.ipc.open_stream(template_ipc).read_next_batch()
+            left = partition.value
+            while left > 0:
+                batch = template.slice(0, min(left, template.num_rows))
+                left -= batch.num_rows
+                yield batch
+
+    class ArrowMemory(DataSource):
+        @classmethod
+        def name(cls):
+            return "bench_arrow_memory"
+
+        def schema(self):
+            return SPARK_DDL
+
+        def reader(self, schema):
+            return MemReader(json.loads(self.options["parts"]))
+
+    return ArrowMemory
+
+
+def template_batch(client, topic: str) -> bytes:
+    import pyarrow as pa
+    rb, *_ = client.fetch_arrow(topic, 0, 0, max_bytes=8 << 20)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rb.schema) as w:
+        w.write_batch(rb)
+    return sink.getvalue().to_pybytes()
+
+
+def measure_size(spark, client, endpoints: str, size: int, count: int, args, root: str) -> dict:
+    topic = f"read-{size}b"
+    client.create_topic(topic, queues=QUEUES)
+    log.info("producing %s messages of %d B into %s", f"{count:,}", size, topic)
+    produce(client, topic, count, size)
+    rows = sum(o.latest for o in client.offsets(topic))
+    df = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+          .option("maxBytesPerFetch", str(args.fetch_bytes)).load())
+    noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
+    out = {"size": size, "rows": rows}
+    out["rocketmq"] = timed(f"rocketmq {size} B", lambda: noop(df), rows, args.repeats)
+    path = os.path.join(root, f"parquet-{size}")
+    df.write.parquet(path)
+    out["parquet"] = timed(f"parquet {size} B", lambda: noop(spark.read.parquet(path)), rows,
+                           args.repeats)
+    parts = [o.latest - o.earliest for o in client.offsets(topic)]
+    spark.dataSource.register(arrow_ceiling_source(template_batch(client, topic)))
+    mem = spark.read.format("bench_arrow_memory").option("parts", json.dumps(parts)).load()
+    out["ceiling"] = timed(f"arrow in-memory {size} B", lambda: noop(mem), rows, args.repeats)
+    return out
+
+
+def measure_latency(spark, client, endpoints: str, seconds: float, root: str) -> dict:
+    """Produce one message per 20 ms; latency = foreachBatch time - produce time."""
+    topic = "latency"
+    client.create_topic(topic, queues=4)
+    lat: list[float] = []
+
+    def sink(df, _):
+        now = time.time()
+        born = df.select("born_timestamp").collect()
+        lat.extend(now - r.born_timestamp.timestamp() for r in born)
+
+    q = (spark.readStream.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+         .load().writeStream.foreachBatch(sink)
+         .option("checkpointLocation", os.path.join(root, "latency-ck")).start())
+    try:
+        time.sleep(5)                               # first micro-batches start the workers
+        deadline, i = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline:
+            client.produce(topic, [f"{i}".encode()], queue=i % 4)
+            i += 1
+            time.sleep(0.02)
+            if i % 100 == 0:
+                log.info("  latency: %d produced, %d seen", i, len(lat))
+        wait = time.monotonic() + 30
+        while len(lat) < i and time.monotonic() < wait:
+            time.sleep(0.1)
+    finally:
+        q.stop()
+    ordered = sorted(lat)
+    pick = lambda p: ordered[max(0, int(np.ceil(p * len(ordered))) - 1)] * 1e3  # noqa: E731
+    return {"messages": len(lat), "p50_ms": pick(0.5), "p99_ms": pick(0.99)} if lat else {}
+
+
+def render(results: list[dict], latency: dict) -> str:
+    head = f"{'rows':<36}{'msgs/s':>12}{'MB/s':>9}{'vs parquet':>12}{'vs ceiling':>12}"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        for key, name in (("rocketmq", "rocketmq (3-node cluster)"),
+                          ("parquet", "spark.read.parquet"),
+                          ("ceiling", "Arrow in-memory data source")):
+            rate, label = r[key], f"{name}, {r['size']} B"
+            lines.append(f"{label:<36}{rate:>12,.0f}{rate * r['size'] / 1e6:>9.1f}"
+                         f"{rate / r['parquet']:>11.0%} {rate / r['ceiling']:>11.0%}")
+    if latency:
+        lines.append(f"\nstreaming latency, produce -> foreachBatch: "
+                     f"p50 {latency['p50_ms']:.0f} ms, p99 {latency['p99_ms']:.0f} ms "
+                     f"({latency['messages']} messages)")
+    lines.append("")
+    for r in results:
+        for key, target in (("parquet", TARGET_VS_PARQUET), ("ceiling", TARGET_VS_CEILING)):
+            ratio = r["rocketmq"] / r[key]
+            lines.append(f"target: {r['size']} B read >= {target:.0%} of {key}: {ratio:.0%} "
+                         f"{'MET' if ratio >= target else 'NOT MET'}")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--small-rows", type=int, default=2_000_000, help="100 B messages")
+    p.add_argument("--large-rows", type=int, default=500_000, help="1 KiB messages")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--latency-seconds", type=float, default=20)
+    p.add_argument("--fetch-bytes", type=int, default=8 << 20, help="maxBytesPerFetch")
+    p.add_argument("--quick", action="store_true", help="small data, one repeat")
+    p.add_argument("--json", help="also write the results here")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.small_rows, a.large_rows, a.repeats, a.latency_seconds = 200_000, 50_000, 1, 5
+    return a
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parse_args(argv)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from rmq_spark.client import Client
+    from storage_service.local import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root:
+        log.info("starting LocalCluster (3 nodes, 4 groups) and Spark local[2]")
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
+                Client(cluster.endpoints) as client:
+            spark = (SparkSession.builder.master("local[2]").appName("bench-spark-read")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.ui.showConsoleProgress", "false")
+                     .config("spark.driver.memory", "4g")
+                     .getOrCreate())
+            spark.sparkContext.setLogLevel("ERROR")
+            try:
+                results = [measure_size(spark, client, cluster.endpoints, size, n, args, root)
+                           for size, n in ((100, args.small_rows), (1024, args.large_rows))]
+                log.info("measuring streaming latency for %.0f s", args.latency_seconds)
+                latency = measure_latency(spark, client, cluster.endpoints,
+                                          args.latency_seconds, root)
+            finally:
+                spark.stop()
+    print(render(results, latency))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"reads": results, "latency": latency, "args": vars(args)}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

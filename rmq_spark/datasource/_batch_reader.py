@@ -1,0 +1,57 @@
+"""``spark.read.format("rocketmq")``: a snapshot of the subscribed queues.
+
+``partitions()`` runs once, at planning: it resolves the start and end
+offsets of every queue (``latest`` included) then, so the DataFrame is a
+fixed snapshot however long its tasks take.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from rmq_spark.client import Client
+
+from . import _planning
+from ._options import ReadOptions
+from ._planning import QueueRange
+from ._read import read_range
+from .errors import OptionError
+
+__all__ = ["BatchReader"]
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions):
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        with Client(self.opts.endpoints) as client:
+            topics = _planning.subscribed_topics(client, self.opts)
+            state = _planning.queue_state(client, topics)
+            start = _planning.resolve(client, self.opts.starting, state, "earliest")
+            end = _planning.resolve(client, self.opts.ending, state, "latest")
+        ranges = [self._range(state, start, end, t, q)
+                  for t in sorted(state) for q in sorted(state[t])]
+        return _planning.split_ranges(ranges, self.opts.min_partitions)
+
+    def _range(self, state: _planning.State, start: dict, end: dict, topic: str,
+               queue: int) -> QueueRange:
+        s, e, o = start[topic][queue], end[topic][queue], state[topic][queue]
+        if e > o.latest:
+            raise OptionError("endingOffsets", f"topic {topic!r} queue {queue}: {e} is past "
+                              f"the end of the queue (latest = {o.latest})")
+        if s > e:
+            raise OptionError("startingOffsets", f"topic {topic!r} queue {queue}: the start "
+                              f"({s}) is after the end ({e}); check the starting and ending "
+                              "options")
+        if s < o.earliest:
+            _planning.report_data_loss(self.opts, topic, queue, s, min(o.earliest, e),
+                                       f"were removed by retention (the queue now starts "
+                                       f"at {o.earliest})")
+            s = min(o.earliest, e)
+        return QueueRange(topic, queue, s, e)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.opts, partition)

@@ -1,0 +1,271 @@
+"""Options, parsed once into frozen dataclasses (``ReadOptions``, ``WriteOptions``).
+
+Spark hands options over with lower-cased keys; errors name the option as the
+user wrote it in the docs (camelCase) together with what is allowed. Every
+rule is checked with ``if ... raise OptionError``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from rmq_spark.client import parse_endpoints
+from storage_service.tagfilter import parse_tag_expression
+
+from . import _offsets
+from .errors import OptionError
+
+__all__ = ["Bound", "ReadOptions", "WriteOptions", "READ_OPTIONS", "WRITE_OPTIONS"]
+
+READ_OPTIONS = (
+    "endpoints", "topic", "topics", "topicPattern", "startingOffsets", "endingOffsets",
+    "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+    "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
+    "maxBytesPerFetch")
+WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey")
+
+# Options Spark itself passes on to a sink; they are not ours to check.
+_SPARK_OWNED = ("checkpointlocation",)
+DEFAULT_FETCH_BYTES = 8 << 20
+MAX_FETCH_BYTES = 64 << 20
+MIN_FETCH_BYTES = 64 << 10
+DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+            "d": 86_400_000}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where a read starts or ends.
+
+    kind is ``earliest`` | ``latest`` | ``offsets`` (``positions`` holds offsets,
+    -2 earliest / -1 latest) | ``timestamps`` (``positions`` holds ms per queue) |
+    ``timestamp`` (``timestamp`` ms for every queue).
+    """
+    kind: str
+    positions: _offsets.Positions = field(default_factory=dict)
+    timestamp: int = 0
+    option: str = ""       # the option it came from, for error messages
+
+
+def _canonical(options: Mapping[str, str], allowed: tuple[str, ...], role: str) -> dict[str, str]:
+    by_lower = {name.lower(): name for name in allowed}
+    out = {}
+    for key, value in options.items():
+        if key.lower() in _SPARK_OWNED:
+            continue
+        name = by_lower.get(key.lower())
+        if name is None:
+            raise OptionError(key, f"unknown {role} option; valid options are: "
+                                   f"{', '.join(allowed)}")
+        out[name] = value
+    return out
+
+
+def _int(name: str, value: str, minimum: int, maximum: int | None = None) -> int:
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        n = None
+    if n is None or n < minimum or (maximum is not None and n > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise OptionError(name, f"{value!r} is not an integer >= {minimum}{upper}")
+    return n
+
+
+def _bool(name: str, value: str) -> bool:
+    v = str(value).strip().lower()
+    if v not in ("true", "false"):
+        raise OptionError(name, f"{value!r} is not a boolean; use true or false")
+    return v == "true"
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    v = str(value).strip().lower()
+    if v not in choices:
+        raise OptionError(name, f"{value!r} is not one of: {', '.join(choices)}")
+    return v
+
+
+def _duration_ms(name: str, value: str) -> int:
+    m = _DURATION.match(str(value))
+    if not m:
+        raise OptionError(name, f"{value!r} is not a duration; use e.g. 500ms, 30s, 15m, 1h "
+                                "(a bare number is milliseconds)")
+    return int(m.group(1)) * _UNIT_MS[m.group(2).lower() if m.group(2) else None]
+
+
+def _json(name: str, value: str, minimum: int) -> _offsets.Positions:
+    try:
+        return _offsets.parse_json(value, name, minimum)
+    except ValueError as e:
+        raise OptionError(name, str(e)) from e
+
+
+def _bound(opts: dict[str, str], prefix: str) -> Bound | None:
+    """The one starting (or ending) bound given, from its three spellings."""
+    names = [f"{prefix}Offsets", f"{prefix}OffsetsByTimestamp", f"{prefix}Timestamp"]
+    given = [n for n in names if n in opts]
+    if len(given) > 1:
+        raise OptionError(given[1], f"give only one of {', '.join(names)} (got {', '.join(given)})")
+    if not given:
+        return None
+    name, value = given[0], opts[given[0]]
+    if name.endswith("OffsetsByTimestamp"):
+        return Bound("timestamps", _json(name, value, 0), option=name)
+    if name.endswith("Timestamp"):
+        return Bound("timestamp", timestamp=_int(name, value, 0), option=name)
+    word = str(value).strip().lower()
+    words = ("earliest", "latest") if prefix == "starting" else ("latest",)
+    if word in words:
+        return Bound(word, option=name)
+    if not str(value).strip().startswith("{"):
+        raise OptionError(name, f"{value!r} is not {' or '.join(words)} or JSON "
+                                '{"topic": {"queue": offset}}')
+    return Bound("offsets", _json(name, value, -2 if prefix == "starting" else -1), option=name)
+
+
+def _subscription(opts: dict[str, str]) -> tuple[tuple[str, ...], str | None]:
+    given = [n for n in ("topic", "topics", "topicPattern") if n in opts]
+    if len(given) != 1:
+        what = f"got {', '.join(given)}" if given else "none given"
+        raise OptionError("topic", f"give exactly one of topic, topics (comma list) or "
+                                   f"topicPattern (regex) ({what})")
+    name = given[0]
+    if name == "topicPattern":
+        try:
+            re.compile(opts[name])
+        except re.error as e:
+            raise OptionError(name, f"{opts[name]!r} is not a regular expression: {e}") from e
+        return (), opts[name]
+    topics = tuple(t.strip() for t in opts[name].split(",") if t.strip())
+    if not topics or (name == "topic" and len(topics) != 1):
+        want = "one topic name" if name == "topic" else "a comma-separated list of topic names"
+        raise OptionError(name, f"{opts[name]!r}: give {want}")
+    return topics, None
+
+
+def _endpoints(opts: dict[str, str]) -> str:
+    if "endpoints" not in opts:
+        raise OptionError("endpoints", "required: the storage nodes as host:port[,host:port...]")
+    try:
+        return ",".join(parse_endpoints(opts["endpoints"]))
+    except ValueError as e:
+        raise OptionError("endpoints", str(e)) from e
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Reader options; see ``RocketMQDataSource`` for the reference of each."""
+    endpoints: str
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    starting: Bound | None = None
+    ending: Bound | None = None
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_TRIGGER_DELAY_MS
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    read_from: str = "leader"
+    tags: str = ""
+    consumer_group: str | None = None
+    max_bytes_per_fetch: int = DEFAULT_FETCH_BYTES
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "ReadOptions":
+        opts = _canonical(options, READ_OPTIONS, "read")
+        topics, pattern = _subscription(opts)
+        parsers: dict[str, tuple[str, Callable[[str, str], object]]] = {
+            "maxOffsetsPerTrigger": ("max_offsets_per_trigger", lambda n, v: _int(n, v, 1)),
+            "minOffsetsPerTrigger": ("min_offsets_per_trigger", lambda n, v: _int(n, v, 1)),
+            "maxTriggerDelay": ("max_trigger_delay_ms", _duration_ms),
+            "failOnDataLoss": ("fail_on_data_loss", _bool),
+            "minPartitions": ("min_partitions", lambda n, v: _int(n, v, 1)),
+            "readFrom": ("read_from", lambda n, v: _choice(n, v, ("leader", "follower"))),
+            "tags": ("tags", _tags),
+            "consumerGroup": ("consumer_group", _nonempty),
+            "maxBytesPerFetch": ("max_bytes_per_fetch",
+                                 lambda n, v: _int(n, v, MIN_FETCH_BYTES, MAX_FETCH_BYTES)),
+        }
+        values = {attr: parse(name, opts[name]) for name, (attr, parse) in parsers.items()
+                  if name in opts}
+        result = cls(endpoints=_endpoints(opts), topics=topics, topic_pattern=pattern,
+                     starting=_bound(opts, "starting"), ending=_bound(opts, "ending"), **values)
+        result._check()
+        return result
+
+    def _check(self) -> None:
+        lo, hi = self.min_offsets_per_trigger, self.max_offsets_per_trigger
+        if lo is not None and hi is not None and lo > hi:
+            raise OptionError("minOffsetsPerTrigger",
+                              f"{lo} is above maxOffsetsPerTrigger={hi}; it must be <= it")
+        for bound in (self.starting, self.ending):
+            for topic in (bound.positions if bound else {}):
+                if not self.subscribes(topic):
+                    raise OptionError(bound.option, f"topic {topic!r} is not subscribed "
+                                      f"({self._subscription_text()})")
+
+    def subscribes(self, topic: str) -> bool:
+        if self.topic_pattern is not None:
+            return re.fullmatch(self.topic_pattern, topic) is not None
+        return topic in self.topics
+
+    def _subscription_text(self) -> str:
+        if self.topic_pattern is not None:
+            return f"topicPattern={self.topic_pattern!r}"
+        return f"topics={','.join(self.topics)}"
+
+    def check_batch(self) -> None:
+        """Rules that only hold for spark.read."""
+        if self.starting is not None and self.starting.kind == "latest":
+            raise OptionError("startingOffsets", "latest is not allowed in a batch query (it "
+                              "would read nothing); use earliest, JSON offsets or a timestamp")
+        if self.starting is not None and self.starting.kind == "offsets":
+            for topic, queues in self.starting.positions.items():
+                for q, off in queues.items():
+                    if off == _offsets.LATEST:
+                        raise OptionError("startingOffsets", f"topic {topic!r} queue {q}: -1 "
+                                          "(latest) is not allowed in a batch query")
+
+    def check_streaming(self) -> None:
+        """Rules that only hold for spark.readStream."""
+        if self.ending is not None:
+            raise OptionError("endingOffsets", "ending offsets and timestamps are for batch "
+                              "queries (spark.read) only; a stream has no end")
+
+
+def _tags(name: str, value: str) -> str:
+    try:
+        parse_tag_expression(value)
+    except ValueError as e:
+        raise OptionError(name, str(e)) from e
+    return "" if value.strip() == "*" else value.strip()
+
+
+def _nonempty(name: str, value: str) -> str:
+    if not str(value).strip():
+        raise OptionError(name, "must not be empty")
+    return str(value).strip()
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Writer options; see ``RocketMQDataSource`` for the reference of each."""
+    endpoints: str
+    topic: str | None = None
+    idempotence_key: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> "WriteOptions":
+        opts = _canonical(options, WRITE_OPTIONS, "write")
+        topic = _nonempty("topic", opts["topic"]) if "topic" in opts else None
+        if topic is not None and "," in topic:
+            raise OptionError("topic", f"{topic!r}: a sink writes to one topic option; use a "
+                              "'topic' column to write rows to several topics")
+        key = opts.get("idempotenceKey")
+        key = _nonempty("idempotenceKey", key) if key is not None else None
+        return cls(endpoints=_endpoints(opts), topic=topic, idempotence_key=key)
