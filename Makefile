@@ -6,6 +6,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Spark binds to loopback only: this machine's other addresses are off limits.
+export SPARK_LOCAL_IP := 127.0.0.1
 
 JARS   := jars/.resolved
 

@@ -239,6 +239,7 @@ def main(argv=None) -> int:
         log.info("starting LocalCluster (3 nodes, 4 groups) and Spark local[2]")
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
             spark = (SparkSession.builder.master("local[2]").appName("bench-spark-read")
                      .config("spark.ui.enabled", "false")
                      .config("spark.ui.showConsoleProgress", "false")

@@ -131,6 +131,7 @@ def main(argv=None) -> int:
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
             peer = measure_peer(client, args)
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
             spark = (SparkSession.builder.master("local[2]").appName("bench-spark-write")
                      .config("spark.ui.enabled", "false")
                      .config("spark.ui.showConsoleProgress", "false")

@@ -2,10 +2,14 @@
 
 Starts the cluster, creates a topic, produces messages (progress shown),
 kills the leader of a raft group with SIGKILL mid-stream, keeps producing,
-restarts the node, and reads everything back to show nothing was lost.
+restarts the node, and reads everything back to show nothing was lost. Then
+Spark: a batch query over the topic with ``format("rocketmq")``, and a
+streaming job (``Trigger.AvailableNow``, exactly-once sink) that copies the
+TagA messages to a second topic while committing its consumer-group offsets.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import tempfile
@@ -43,7 +47,8 @@ def main() -> int:
         with LocalCluster(nodes=3, groups=4, data_dir=tmp) as cluster:
             print(f"endpoints: {cluster.endpoints}")
             with Client(cluster.endpoints) as client:
-                return _run(client, cluster)
+                rc = _run(client, cluster)
+                return rc or _spark(client, cluster.endpoints, tmp)
 
 
 def _run(client: Client, cluster: LocalCluster) -> int:
@@ -79,6 +84,39 @@ def _run(client: Client, cluster: LocalCluster) -> int:
     print(table([[g["group"], g["leader"], g["term"], g["commit_index"]] for g in st["nodes"][0]["groups"]],
                 ["group", "leader", "term", "commit"]))
     return 0 if read == acked else 1
+
+
+def _spark(client: Client, endpoints: str, tmp: str) -> int:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from .spark import session_builder
+
+    print("\nstarting Spark (local[2]) ...")
+    spark = session_builder("rmq-demo").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", TOPIC).load()
+        print('spark.read.format("rocketmq"): messages per tag and queue')
+        df.groupBy("tags", "queue").count().orderBy("tags", "queue").show()
+        client.create_topic("demo-taga", queues=2)
+        query = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
+                 .option("topic", TOPIC).option("startingOffsets", "earliest")
+                 .option("tags", "TagA").option("maxOffsetsPerTrigger", "8000")
+                 .option("consumerGroup", "demo-copy").load()
+                 .select("key", "value", "tags")
+                 .writeStream.format("rocketmq").option("endpoints", endpoints)
+                 .option("topic", "demo-taga")
+                 .option("checkpointLocation", os.path.join(tmp, "checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        copied = sum(o.latest for o in client.offsets("demo-taga"))
+        want = df.where("tags = 'TagA'").count()
+        lag = sum(o.latest - client.committed_offsets("demo-copy", TOPIC).get(o.queue, 0)
+                  for o in client.offsets(TOPIC))
+        print(f"streaming copy of TagA messages (exactly-once sink): {copied:,} written, "
+              f"{want:,} expected; consumer group demo-copy lag {lag}")
+        return 0 if copied == want and lag == 0 else 1
+    finally:
+        spark.stop()
 
 
 if __name__ == "__main__":

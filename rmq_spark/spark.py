@@ -27,7 +27,10 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
     """A ``SparkSession.Builder`` with the Delta extension and catalog configured."""
     from pyspark.sql import SparkSession
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")     # loopback only
     b = (SparkSession.builder.appName(app_name)
+         .config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.jars", ",".join(delta_jars()))
          .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")

@@ -9,6 +9,9 @@ import pytest
 from storage_service.local import LocalCluster
 from rmq_spark.client import Client
 
+# Every Spark JVM a test starts binds to loopback only.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
 
 def start_cluster(path, nodes: int = 3, groups: int = 3, extra_args=()) -> LocalCluster:
     cluster = LocalCluster(nodes=nodes, groups=groups, data_dir=str(path),
