@@ -59,10 +59,11 @@ def test_long_poll_returns_when_data_arrives(client, topic):
     timer = threading.Timer(0.3, lambda: client.produce(topic, [b"late"], queue=3))
     timer.start()
     t0 = time.monotonic()
-    got = client.fetch(topic, 3, 0, wait_ms=5000)
+    got = client.fetch(topic, 3, 0, wait_ms=30_000)
     timer.join()
     assert [r.value for r in got.records] == [b"late"]
-    assert time.monotonic() - t0 < 4.5
+    # woke on the produce, not at the 30 s deadline (a wide margin, not a timing target)
+    assert time.monotonic() - t0 < 15
 
 
 def test_long_poll_times_out_empty(client, topic):
