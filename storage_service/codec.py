@@ -23,7 +23,7 @@ import crc32c
 from . import records
 
 __all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch",
-           "iter_batches", "iter_blocks", "records_of", "scan_valid_prefix"]
+           "iter_batches", "iter_blocks", "next_offset", "records_of", "scan_valid_prefix"]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
 BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, position
@@ -108,6 +108,14 @@ def scan_valid_prefix(buf: bytes | memoryview) -> tuple[int, list[BatchHeader]]:
         headers.append(h)
         pos += h.size
     return pos, headers
+
+
+def next_offset(buf: bytes | memoryview, default: int) -> int:
+    """The offset after the last batch in ``buf`` (``default`` when it is empty)."""
+    nxt = default
+    for h in iter_batches(buf, verify=False):
+        nxt = h.next_offset
+    return nxt
 
 
 def records_of(buf: bytes | memoryview, h: BatchHeader) -> memoryview:

@@ -21,18 +21,13 @@ from .groupcommit import CommitFailed, GroupCommitter
 from .meta import MetaState
 from .raft import RaftGroup, RaftTiming
 from .retention import SegmentInfo, retention_cutoff
-from .routing import META_GROUP, group_of, raft_address
+from .routing import GRPC_OPTIONS, META_GROUP, group_of, raft_address
 from .state import DataState, parse_queue_dir, queue_dir
 from .proto import rmq_pb2, rmq_pb2_grpc
 
 __all__ = ["NodeConfig", "StorageNode"]
 
 log = logging.getLogger(__name__)
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
-                ("grpc.max_send_message_length", 128 << 20),
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 @dataclass(frozen=True)

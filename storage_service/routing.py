@@ -1,11 +1,18 @@
-"""Stable placement: which raft group owns a queue, and where its raft port is."""
+"""Stable placement: which raft group owns a queue, and how its nodes are reached."""
 from __future__ import annotations
 
 import zlib
 
-__all__ = ["META_GROUP", "group_of", "raft_address"]
+__all__ = ["GRPC_OPTIONS", "META_GROUP", "group_of", "raft_address"]
 
 META_GROUP = 0
+# gRPC options of every channel and server: big messages (fetches of up to
+# 64 MiB), and fast reconnects to a restarted node instead of minutes of backoff.
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
+                ("grpc.max_send_message_length", 128 << 20),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def group_of(topic: str, queue: int, groups: int) -> int:

@@ -16,9 +16,9 @@ import grpc
 
 from . import codec, records
 from .errors import ServiceError, invalid
-from .node import GRPC_OPTIONS, StorageNode
+from .node import StorageNode
 from .proto import rmq_pb2, rmq_pb2_grpc
-from .routing import META_GROUP
+from .routing import GRPC_OPTIONS, META_GROUP
 from .tagfilter import filter_batches, parse_tag_expression
 
 __all__ = ["MessageLogService", "serve"]
@@ -259,9 +259,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             batches = ql.read(request.offset, min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
             batches = self._cap_messages(batches, request.offset, request.max_messages)
             earliest, latest = ql.earliest, ql.next_offset
-        nxt = request.offset
-        for h in codec.iter_batches(batches, verify=False):
-            nxt = h.next_offset
+        nxt = codec.next_offset(batches, request.offset)
         batches = filter_batches(batches, wanted)
         return rmq_pb2.FetchResponse(batches=batches, next_offset=nxt, earliest=earliest,
                                      latest=latest, served_by=self.node.config.address)
@@ -386,10 +384,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def ReplicaFetch(self, request, context):
         data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
                                       request.max_bytes or DEFAULT_FETCH_BYTES)
-        nxt = request.offset
-        for h in codec.iter_batches(data, verify=False):
-            nxt = h.next_offset
-        return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=nxt)
+        return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=codec.next_offset(data, request.offset))
 
 
 def serve(node: StorageNode, workers: int = 64) -> grpc.Server:

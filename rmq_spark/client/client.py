@@ -22,7 +22,7 @@ import grpc
 
 from storage_service import codec, records
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
-from storage_service.routing import META_GROUP, group_of
+from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
 
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
 from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
@@ -30,12 +30,6 @@ from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
 __all__ = ["Client", "parse_endpoints"]
 
 log = logging.getLogger(__name__)
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
-                ("grpc.max_send_message_length", 128 << 20),
-                # reconnect fast to a restarted node instead of backing off for minutes
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000)]
 MessageLike = bytes | str | Message | dict
 
 
@@ -51,39 +45,35 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-def to_pb(m: MessageLike) -> rmq_pb2.Message:
-    if isinstance(m, (bytes, bytearray, memoryview)):
-        return rmq_pb2.Message(value=bytes(m), born_timestamp=int(time.time() * 1000))
-    if isinstance(m, str):
-        return rmq_pb2.Message(value=m.encode(), born_timestamp=int(time.time() * 1000))
+def _as_bytes(v) -> bytes:
+    return bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else str(v).encode()
+
+
+def normalize(m: MessageLike, now_ms: int) -> Message:
+    """Any accepted message form -> a Message with bytes value/key and str properties."""
+    if isinstance(m, (bytes, bytearray, memoryview, str)):
+        return Message(value=_as_bytes(m), born_timestamp=now_ms)
     if isinstance(m, dict):
         m = Message(**m)
-    pb = rmq_pb2.Message(value=m.value if isinstance(m.value, bytes) else str(m.value).encode(),
-                         tags=m.tags or "", properties=m.properties or {},
-                         born_timestamp=m.born_timestamp or int(time.time() * 1000))
-    if m.key is not None:
-        pb.key = m.key if isinstance(m.key, bytes) else str(m.key).encode()
+    return Message(value=_as_bytes(m.value), key=None if m.key is None else _as_bytes(m.key),
+                   tags=m.tags or "", properties={str(k): str(v) for k, v in (m.properties or {}).items()},
+                   born_timestamp=m.born_timestamp or now_ms)
+
+
+def to_pb(m: MessageLike) -> rmq_pb2.Message:
+    n = normalize(m, int(time.time() * 1000))
+    pb = rmq_pb2.Message(value=n.value, tags=n.tags, properties=n.properties, born_timestamp=n.born_timestamp)
+    if n.key is not None:
+        pb.key = n.key
     return pb
 
 
 def to_block(messages: Sequence[MessageLike]) -> bytes:
     """Messages -> the columnar records block the service stores as is."""
     now = int(time.time() * 1000)
-    values, keys, tags, props, born = [], [], [], [], []
-    for m in messages:
-        if isinstance(m, (bytes, bytearray, memoryview)):
-            values.append(bytes(m)), keys.append(None), tags.append(""), props.append({}), born.append(now)
-            continue
-        if isinstance(m, str):
-            m = Message(value=m.encode())
-        elif isinstance(m, dict):
-            m = Message(**m)
-        values.append(m.value if isinstance(m.value, bytes) else str(m.value).encode())
-        keys.append(None if m.key is None else m.key if isinstance(m.key, bytes) else str(m.key).encode())
-        tags.append(m.tags or "")
-        props.append({str(k): str(v) for k, v in (m.properties or {}).items()})
-        born.append(m.born_timestamp or now)
-    return records.encode(values, keys, tags, props, born)
+    ms = [normalize(m, now) for m in messages]
+    return records.encode([m.value for m in ms], [m.key for m in ms], [m.tags for m in ms],
+                          [m.properties for m in ms], [m.born_timestamp for m in ms])
 
 
 def decode_records(topic: str, queue: int, batches: bytes, start: int,

@@ -5,11 +5,11 @@ import re
 
 import grpc
 
+from storage_service.errors import LEADER_METADATA_KEY
+
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError", "from_rpc_error"]
-
-LEADER_METADATA_KEY = "rmq-leader"
 
 
 class RmqError(Exception):
