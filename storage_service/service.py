@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
-WATERMARK_KINDS = ("archive", "compaction")
+WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
 DEFAULT_FETCH_BYTES = 1 << 20
 MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
@@ -128,12 +128,14 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         check_topic_name(request.name)
         cfg = self.node.topic(request.name)
         archived = self.node.meta.watermark(cfg["name"], "archive")
+        archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
         resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg))
         for q in range(cfg["queues"]):
             g, ql = self.node.queue_log(cfg, q)
             resp.queues.add(queue=q, group=g, earliest=ql.earliest if ql else 0,
                             latest=ql.next_offset if ql else 0, size_bytes=ql.size_bytes if ql else 0,
-                            protected_offset=archived.get(q, -1), leader=self.node.leader_of(g) or "")
+                            protected_offset=archived.get(q, -1), leader=self.node.leader_of(g) or "",
+                            archive_earliest=archive_earliest.get(q, -1))
         return resp
 
     # ---------------------------------------------------------------- produce

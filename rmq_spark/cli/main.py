@@ -103,9 +103,16 @@ def cmd_topic(client: Client, a) -> int:
               f"retention {_dur(d['retention_ms'])}, retention-bytes "
               f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}"
               + (f", tier {d['tier']}, local retention {_dur(d['local_retention_ms'])}" if d["tier"] else ""))
-        rows = [[q["queue"], q["group"], q["earliest"], q["latest"], human_bytes(q["size_bytes"]),
-                 q["archived"] if q["archived"] >= 0 else "-", q["leader"]] for q in d["queue_info"]]
-        print(table(rows, ["queue", "group", "earliest", "latest", "size", "archived", "leader"]))
+        def opt_off(v):
+            return v if v >= 0 else "-"
+        rows = [[q["queue"], q["group"], q["earliest"], q["latest"], human_bytes(q["size_bytes"])]
+                + ([opt_off(q["archive_earliest"]), opt_off(q["archived"]),
+                    q["latest"] - max(q["archived"], 0)] if d["tier"] else []) + [q["leader"]]
+                for q in d["queue_info"]]
+        head = ["queue", "group", "hot earliest", "hot latest", "hot size"]
+        if d["tier"]:
+            head += ["archive earliest", "archived to", "tier lag"]
+        print(table(rows, head + ["leader"]))
     elif a.action == "delete":
         client.delete_topic(a.name)
         print(f"deleted topic {a.name}")

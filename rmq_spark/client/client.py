@@ -201,7 +201,8 @@ class Client:
         resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name))
         d = _cfg_dict(resp.config)
         d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
-                                size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader)
+                                size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,
+                                archive_earliest=q.archive_earliest)
                            for q in resp.queues]
         return d
 

@@ -1,0 +1,58 @@
+"""The archive's layout: one contract shared by the tiering job and the reader.
+
+A tiered topic's config carries ``tier = "delta:PATH"`` or ``"parquet:PATH"``.
+The archive at PATH is one table (several topics may share it) with every
+message column of the ``rocketmq`` source, partitioned by ``topic`` and by
+``date`` (UTC date of the store timestamp). Rows inside a file are sorted by
+(queue, offset). The columns that planning prunes on (queue, offset,
+timestamp) come first so Delta collects statistics for them.
+
+* Delta: written with idempotent appends (``txnAppId`` + ``txnVersion``).
+  The committed files are those of the Delta log.
+* Parquet: written by Spark's file stream sink; the committed files are the
+  ones listed in ``PATH/_spark_metadata`` (anything else is a leftover of a
+  killed batch and is never read).
+
+Watermarks in the service's metadata group, per queue:
+``archive`` — every offset below it is committed in the archive;
+``archive_earliest`` — the first offset archive retention has kept.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORMATS = ("delta", "parquet")
+# Order matters: statistics columns first (Delta indexes the leading columns).
+DATA_COLUMNS = ("queue", "offset", "timestamp", "born_timestamp", "key", "value", "tags",
+                "properties", "msg_id")
+PARTITION_COLUMNS = ("topic", "date")
+STATS_COLUMNS = ("queue", "offset", "timestamp")
+ARCHIVE_DDL = ("queue int, offset long, timestamp timestamp, born_timestamp timestamp, key binary, "
+               "value binary, tags string, properties map<string,string>, msg_id string, "
+               "topic string, date date")
+
+
+@dataclass(frozen=True)
+class Tier:
+    format: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.format}:{self.path}"
+
+
+def parse_tier(spec: str, what: str = "tier") -> Tier | None:
+    """``"delta:PATH"`` / ``"parquet:PATH"`` -> Tier; ``""`` -> None."""
+    if not spec:
+        return None
+    fmt, sep, path = spec.partition(":")
+    if not sep or fmt not in FORMATS or not path:
+        raise ValueError(f"{what}={spec!r}: expected FORMAT:PATH with FORMAT one of "
+                         f"{', '.join(FORMATS)}, e.g. delta:/data/archive")
+    return Tier(fmt, path)
+
+
+def archive_frame(df):
+    """A ``rocketmq`` DataFrame in the archive's column order, with ``date``."""
+    from pyspark.sql import functions as F
+    return df.select(*DATA_COLUMNS, "topic", F.to_date(F.col("timestamp")).alias("date"))
