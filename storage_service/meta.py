@@ -11,12 +11,17 @@ import json
 import threading
 import uuid
 
-__all__ = ["MetaState", "TOPIC_DEFAULTS"]
+__all__ = ["MetaState", "TOPIC_DEFAULTS", "queue_growth_error"]
 
 TOPIC_DEFAULTS = {
     "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
     "cleanup_policy": "delete", "tier": "", "local_retention_ms": 0,
 }
+
+
+def queue_growth_error(name: str, have: int, want: int) -> str:
+    return (f"queues={want}: topic {name!r} has {have} queues and a queue count can only grow "
+            f"(give more than {have})")
 
 
 class MetaState:
@@ -49,6 +54,10 @@ class MetaState:
     def _cmd_alter_topic(self, raft_index, name: str, changes: dict):
         if name not in self.topics:
             return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
+        have, want = self.topics[name]["queues"], changes.get("queues")
+        if want is not None and want <= have:
+            # Checked here too: two concurrent alters may both pass the servicer.
+            return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
         self.topics[name].update(changes)
         return ("ok", self.topics[name])
 

@@ -94,16 +94,47 @@ class StorageNode:
         return group_of(topic, queue, self.config.groups)
 
     # ----------------------------------------------------------------- topics
-    def topic(self, name: str, wait: float = 1.0) -> dict:
-        """Topic config from the local metadata replica (waits briefly for a lagging one)."""
+    def topic(self, name: str, wait: float = 1.0, queue: int = -1) -> dict:
+        """Topic config from the local metadata replica (waits briefly for a lagging one).
+
+        ``queue`` past the replica's queue count also waits (up to 0.5 s): the
+        topic may have just grown and this replica not applied it yet. The
+        caller still checks the queue against the config returned.
+        """
         deadline = time.monotonic() + wait
+        grow_deadline = time.monotonic() + min(wait, 0.5)
         while True:
             cfg = self.meta.topic(name)
-            if cfg is not None:
+            if cfg is not None and (queue < cfg["queues"] or time.monotonic() >= grow_deadline):
                 return cfg
             if time.monotonic() >= deadline:
                 raise not_found(f"topic {name!r} does not exist")
             time.sleep(0.01)
+
+    def wait_meta_applied_everywhere(self, timeout: float = 2.0) -> bool:
+        """Wait until every reachable node applied the metadata entries applied here.
+
+        Best effort (a node that is down catches up when it returns, and
+        ``topic(name, queue=...)`` covers a short lag); True if all did.
+        """
+        target = self.groups[META_GROUP].raftLastApplied
+        deadline = time.monotonic() + timeout
+        pending = [a for a in self.config.addresses if a != self.config.address]
+        while pending and time.monotonic() < deadline:
+            still = []
+            for addr in pending:
+                try:
+                    st = self.stub(addr).GetNodeStatus(rmq_pb2.NodeStatusRequest(),
+                                                       timeout=max(0.05, deadline - time.monotonic()))
+                    meta = next(g for g in st.groups if g.group == META_GROUP)
+                    if meta.applied_index < target:
+                        still.append(addr)
+                except grpc.RpcError:
+                    pass       # unreachable: it catches up when it is back
+            pending = still
+            if pending:
+                time.sleep(0.01)
+        return not pending
 
     def queue_log(self, cfg: dict, queue: int, create: bool = False):
         g = self.group_of(cfg["name"], queue)

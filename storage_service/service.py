@@ -16,6 +16,7 @@ import grpc
 
 from . import codec, records
 from .errors import ServiceError, invalid
+from .meta import queue_growth_error
 from .node import StorageNode
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .routing import GRPC_OPTIONS, META_GROUP
@@ -28,6 +29,7 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
+ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "queues")
 DEFAULT_FETCH_BYTES = 1 << 20
 MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
@@ -103,12 +105,16 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def AlterTopic(self, request, context):
         check_topic_name(request.name)
         cfg = self.node.topic(request.name)
-        changes = {f: getattr(request, f) for f in ("retention_ms", "retention_bytes", "tier",
-                                                    "local_retention_ms") if request.HasField(f)}
+        changes = {f: getattr(request, f) for f in ALTERABLE if request.HasField(f)}
         if not changes:
-            raise invalid("nothing to alter: give retention_ms, retention_bytes, tier or local_retention_ms")
+            raise invalid(f"nothing to alter: give {', '.join(ALTERABLE[:-1])} or {ALTERABLE[-1]}")
+        if "queues" in changes and changes["queues"] <= cfg["queues"]:
+            raise invalid(queue_growth_error(cfg["name"], cfg["queues"], changes["queues"]))
         check_config(config_to_pb({**cfg, **changes}))
         altered = self.node.meta_command(("alter_topic", request.name, changes))
+        if "queues" in changes:
+            # New queues are usable at once on every node, not only here.
+            self.node.wait_meta_applied_everywhere()
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(altered))
 
     @_guard
@@ -142,7 +148,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def Produce(self, request, context):
         check_topic_name(request.topic)
-        cfg = self.node.topic(request.topic)
+        cfg = self.node.topic(request.topic, queue=request.queue)
         if request.queue < -1:
             raise invalid(f"queue {request.queue}: use 0..{cfg['queues'] - 1}, or -1 to let the service choose")
         if request.records:
@@ -235,7 +241,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def Fetch(self, request, context):
         check_topic_name(request.topic)
-        cfg = self.node.topic(request.topic)
+        cfg = self.node.topic(request.topic, queue=request.queue)
         check_queue(cfg, request.queue)
         if request.offset < 0:
             raise invalid(f"offset {request.offset} is negative: offsets start at 0")
@@ -308,7 +314,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def OffsetForTimestamp(self, request, context):
         check_topic_name(request.topic)
-        cfg = self.node.topic(request.topic)
+        cfg = self.node.topic(request.topic, queue=request.queue)
         check_queue(cfg, request.queue)
         if request.timestamp < 0:
             raise invalid(f"timestamp {request.timestamp} is negative: use ms since the epoch")
@@ -316,15 +322,15 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         off = ql.offset_for_timestamp(request.timestamp) if ql else 0
         return rmq_pb2.OffsetForTimestampResponse(offset=off)
 
-    def _check_group_topic(self, group: str, topic: str) -> dict:
+    def _check_group_topic(self, group: str, topic: str, queues=()) -> dict:
         if not GROUP_RE.match(group or ""):
             raise invalid(f"consumer_group {group!r} is invalid: use 1-255 characters from [A-Za-z0-9_.:-]")
         check_topic_name(topic)
-        return self.node.topic(topic)
+        return self.node.topic(topic, queue=max(queues, default=-1))
 
     @_guard
     def CommitOffsets(self, request, context):
-        cfg = self._check_group_topic(request.consumer_group, request.topic)
+        cfg = self._check_group_topic(request.consumer_group, request.topic, request.offsets.keys())
         for q, off in request.offsets.items():
             check_queue(cfg, q)
             if off < 0:
@@ -348,7 +354,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def SetWatermark(self, request, context):
         check_topic_name(request.topic)
-        cfg = self.node.topic(request.topic)
+        cfg = self.node.topic(request.topic, queue=max(request.offsets.keys(), default=-1))
         if request.kind not in WATERMARK_KINDS:
             raise invalid(f"kind={request.kind!r}: allowed {', '.join(WATERMARK_KINDS)}")
         for q, off in request.offsets.items():

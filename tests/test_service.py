@@ -262,3 +262,53 @@ def test_garbage_records_blocks_are_rejected_and_the_node_keeps_serving(cluster,
     # whatever was accepted reads back cleanly
     off = client.offsets(topic)[0]
     assert len(client.fetch(topic, 0, 0, max_bytes=4 << 20).records) == off.latest
+
+
+def test_grow_queue_count_keeps_old_queues_and_serves_new_ones_at_once(cluster, client):
+    name = "grow-queues"
+    client.create_topic(name, queues=2)
+    before = {q: client.group_of(name, q) for q in range(2)}
+    client.produce(name, [b"a0", b"a1"], queue=0)
+    client.produce(name, [b"b0"], queue=1)
+    cfg = client.alter_topic(name, queues=5)
+    assert cfg["queues"] == 5
+    assert {q: client.group_of(name, q) for q in range(2)} == before   # stable placement
+    # Every node knows the new queues right away: a fresh client per node, no retries needed.
+    for addr in cluster.endpoints.split(","):
+        with Client(addr, timeout=5) as one:
+            assert [o.queue for o in one.offsets(name)] == [0, 1, 2, 3, 4]
+            assert one.describe_topic(name)["queues"] == 5
+            assert one.fetch(name, 4, 0, from_follower=True).records == []
+    assert [(o.earliest, o.latest) for o in client.offsets(name)] == [(0, 2), (0, 1), (0, 0), (0, 0), (0, 0)]
+    [r] = client.produce(name, [b"new"], queue=4)
+    assert (r.queue, r.base_offset) == (4, 0)
+    assert [x.value for x in client.fetch(name, 4, 0).records] == [b"new"]
+    assert client.offset_for_timestamp(name, 3, 0) == 0
+    client.commit_offsets("grow-g", name, {4: 1})
+    assert client.committed_offsets("grow-g", name) == {4: 1}
+    assert [x.value for x in client.fetch(name, 0, 0).records] == [b"a0", b"a1"]
+
+
+def test_service_chosen_queues_spread_over_the_grown_count(client):
+    name = "grow-spread"
+    client.create_topic(name, queues=1)
+    client.alter_topic(name, queues=6)
+    keyed = client.produce(name, [Message(value=b"v", key=f"k{i}".encode()) for i in range(60)])
+    assert {r.queue for r in keyed} == set(range(6))
+    # Round robin is per node (each keeps its own counter); 36 calls reach every queue.
+    unkeyed = {client.produce(name, [b"x"])[0].queue for _ in range(36)}
+    assert unkeyed == set(range(6))
+    assert sum(o.latest for o in client.offsets(name)) == 96
+
+
+@pytest.mark.parametrize("queues", [2, 3])
+def test_queue_count_cannot_shrink_or_stay(client, queues):
+    name = f"no-shrink-{queues}"
+    client.create_topic(name, queues=3)
+    with pytest.raises(InvalidArgument) as exc:
+        client.alter_topic(name, queues=queues)
+    assert f"queues={queues}" in str(exc.value) and "has 3 queues" in str(exc.value)
+    assert client.describe_topic(name)["queues"] == 3
+    with pytest.raises(InvalidArgument):
+        client.alter_topic(name, queues=5000)
+    assert client.describe_topic(name)["queues"] == 3

@@ -182,11 +182,15 @@ class Client:
         return _cfg_dict(resp.config)
 
     def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
-                    tier: str | None = None, local_retention_ms: int | None = None) -> dict:
-        """Change retention or tiering of an existing topic (None leaves a field as is)."""
+                    tier: str | None = None, local_retention_ms: int | None = None,
+                    queues: int | None = None) -> dict:
+        """Change retention or tiering of an existing topic, or grow its queue count
+        (None leaves a field as is). ``queues`` may only grow; the new queues start
+        empty at offset 0 and existing queues keep their data and raft group."""
         req = rmq_pb2.AlterTopicRequest(name=name)
         for field, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes),
-                             ("tier", tier), ("local_retention_ms", local_retention_ms)):
+                             ("tier", tier), ("local_retention_ms", local_retention_ms),
+                             ("queues", queues)):
             if value is not None:
                 setattr(req, field, value)
         return _cfg_dict(self.call("AlterTopic", req, group=META_GROUP).config)

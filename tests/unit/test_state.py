@@ -316,6 +316,17 @@ def test_duplicate_create_is_already_exists_and_changes_nothing():
     assert m.topic("orders") == first
 
 
+def test_alter_grows_queues_and_refuses_to_shrink_at_apply():
+    m = MetaState()
+    _, cfg = _create(m, "orders", queues=4)
+    res = m.apply(2, ("alter_topic", "orders", {"queues": 4}))
+    assert res[:2] == ("error", "INVALID_ARGUMENT") and "has 4 queues" in res[2]
+    assert m.apply(3, ("alter_topic", "orders", {"queues": 2, "retention_ms": 5}))[0] == "error"
+    assert m.topic("orders") == cfg                   # nothing changed, not even retention
+    status, grown = m.apply(4, ("alter_topic", "orders", {"queues": 6}))
+    assert status == "ok" and grown["queues"] == 6 and grown["incarnation"] == cfg["incarnation"]
+
+
 def test_incarnation_is_deterministic_per_raft_index():
     a, b = MetaState(), MetaState()
     assert _create(a, "t", raft_index=7)[1]["incarnation"] == _create(b, "t", raft_index=7)[1]["incarnation"]
