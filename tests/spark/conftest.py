@@ -1,4 +1,4 @@
-"""Spark fixtures: one local SparkSession for the whole run (real Spark, real cluster).
+"""Spark fixtures: one local SparkSession for the whole run (real Spark, real Delta, real cluster).
 
 ``local[2,4]``: two task threads and up to 4 attempts per task, so a test can
 inject a task failure and watch Spark retry it. Python workers run this
@@ -18,10 +18,10 @@ import pytest
 def spark(tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from rmq_spark.spark import session_builder
 
-    session = (SparkSession.builder.master("local[2,4]")
-               .appName("rmq-spark-tests")
+    session = (session_builder("rmq-spark-tests", master="local[2,4]")     # with Delta
+               .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
