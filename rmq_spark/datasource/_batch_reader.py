@@ -16,7 +16,7 @@ from rmq_spark.client import Client
 from . import _planning
 from ._options import ReadOptions
 from ._planning import QueueRange
-from ._read import read_range
+from ._read import read_partition
 from .errors import OptionError
 
 __all__ = ["BatchReader"]
@@ -29,15 +29,19 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         with Client(self.opts.endpoints) as client:
             topics = _planning.subscribed_topics(client, self.opts)
-            state = _planning.queue_state(client, topics)
+            state = _planning.queue_state(client, topics, self.opts.read_archive)
             start = _planning.resolve(client, self.opts.starting, state, "earliest")
             end = _planning.resolve(client, self.opts.ending, state, "latest")
-        ranges = [self._range(state, start, end, t, q)
-                  for t in sorted(state) for q in sorted(state[t])]
-        return _planning.split_ranges(ranges, self.opts.min_partitions)
+        archived, hot = [], []
+        for t in sorted(state):
+            for q in sorted(state[t]):
+                a, h = self._range(state, start, end, t, q)
+                archived += a
+                hot += [h] if h is not None else []
+        return archived + _planning.split_ranges(hot, self.opts.min_partitions)
 
     def _range(self, state: _planning.State, start: dict, end: dict, topic: str,
-               queue: int) -> QueueRange:
+               queue: int) -> tuple[list[_planning.ArchiveRange], QueueRange | None]:
         s, e, o = start[topic][queue], end[topic][queue], state[topic][queue]
         if e > o.latest:
             raise OptionError("endingOffsets", f"topic {topic!r} queue {queue}: {e} is past "
@@ -51,7 +55,7 @@ class BatchReader(DataSourceReader):
                                        f"were removed by retention (the queue now starts "
                                        f"at {o.earliest})")
             s = min(o.earliest, e)
-        return QueueRange(topic, queue, s, e)
+        return _planning.plan(self.opts, topic, o, s, e)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)

@@ -13,17 +13,19 @@ from typing import Iterable
 
 from pyspark.sql.datasource import InputPartition
 
-from rmq_spark.client import Client, QueueOffsets
+from rmq_spark.archive import layout
+from rmq_spark.archive.reader import ArchiveSnapshot, QueueFiles, load_snapshot, offset_for_timestamp
+from rmq_spark.client import Client
 
 from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
 
-__all__ = ["QueueRange", "subscribed_topics", "queue_state", "resolve", "split_ranges",
-           "cap_by_backlog", "report_data_loss", "State"]
+__all__ = ["QueueRange", "ArchiveRange", "QueueView", "subscribed_topics", "queue_state",
+           "resolve", "plan", "split_ranges", "cap_by_backlog", "report_data_loss", "State"]
 
 log = logging.getLogger(__name__)
-State = dict[str, dict[int, QueueOffsets]]
+ARCHIVE_TASK_ROWS = 2_000_000     # archive rows per Spark task, at file boundaries
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,36 @@ class QueueRange(InputPartition):
     queue: int
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class ArchiveRange(InputPartition):
+    """Offsets [start, end) of one queue read from archive ``files`` (tier: FORMAT:PATH)."""
+    topic: str
+    queue: int
+    start: int
+    end: int
+    tier: str
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One queue as a reader sees it: hot log plus archive, offsets [earliest, latest).
+
+    ``earliest`` is the archive's first offset when the archive reaches down
+    further than the hot log; ``archive`` holds the archive's files for the
+    queue (offsets [archive.earliest, archive.end)).
+    """
+    queue: int
+    earliest: int
+    latest: int
+    hot_earliest: int
+    archive: QueueFiles | None = None
+    tier: str = ""
+
+
+State = dict[str, dict[int, QueueView]]
 
 
 def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
@@ -48,9 +80,33 @@ def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
     return list(opts.topics)
 
 
-def queue_state(client: Client, topics: Iterable[str]) -> State:
-    """Earliest/latest of every queue of ``topics``, fresh from the group leaders."""
-    return {t: {o.queue: o for o in client.offsets(t)} for t in topics}
+def queue_state(client: Client, topics: Iterable[str], archive: bool = True) -> State:
+    """Every queue of ``topics``: hot offsets fresh from the group leaders, plus the
+    committed files of the topic's archive when it is tiered."""
+    topics = list(topics)
+    tiers = {t["name"]: t["tier"] for t in client.list_topics()} if topics else {}
+    snapshots: dict[str, ArchiveSnapshot | None] = {}
+    out: State = {}
+    for t in topics:
+        spec = tiers.get(t, "") if archive else ""
+        spans: dict[int, QueueFiles] = {}
+        if spec:
+            if spec not in snapshots:
+                snapshots[spec] = load_snapshot(layout.parse_tier(spec))
+            snap = snapshots[spec]
+            spans = snap.spans(t) if snap is not None else {}
+        out[t] = {o.queue: _view(o, spans.get(o.queue), spec) for o in client.offsets(t)}
+    return out
+
+
+def _view(o, archive: QueueFiles | None, tier: str) -> QueueView:
+    if archive is None or archive.earliest >= o.earliest:
+        # No archive, or the hot log reaches further back: it alone decides.
+        earliest = o.earliest
+        archive = archive if archive is not None and archive.end > o.earliest else None
+    else:
+        earliest = archive.earliest
+    return QueueView(o.queue, earliest, o.latest, o.earliest, archive, tier)
 
 
 def resolve(client: Client, bound: Bound | None, state: State, default: str) -> _offsets.Positions:
@@ -85,7 +141,52 @@ def _position(client: Client, bound: Bound, default: str, topic: str, o: QueueOf
     if kind == "offsets":
         return value
     ts = bound.timestamp if kind == "timestamp" else value
+    if o.archive is not None:
+        found = offset_for_timestamp(o.archive, o.queue, ts)
+        if found is not None and found < max(o.archive.end, o.hot_earliest):
+            return found
     return client.offset_for_timestamp(topic, o.queue, ts)
+
+
+def plan(opts: ReadOptions, topic: str, view: QueueView, start: int,
+         end: int) -> tuple[list[ArchiveRange], QueueRange | None]:
+    """Split [start, end) of one queue (start >= view.earliest) into archive and hot parts.
+
+    Offsets the archive holds are read from it (its files are plain Parquet:
+    cheaper than fetching, and they do not move under the reader the way the
+    hot log's earliest does under retention); the rest come from the service.
+    A hole between the archive's end and the hot log's earliest is data loss.
+    """
+    archived: list[ArchiveRange] = []
+    arch = view.archive
+    if arch is not None and start < arch.end and end > start:
+        hi = min(end, arch.end)
+        archived = _archive_tasks(topic, view, max(start, arch.earliest), hi)
+        start = hi
+    if start >= end:
+        return archived, None
+    if start < view.hot_earliest:
+        resume = min(view.hot_earliest, end)
+        report_data_loss(opts, topic, view.queue, start, resume,
+                         f"are neither in the archive (it ends at "
+                         f"{arch.end if arch else 'none'}) nor in the hot log (it starts at "
+                         f"{view.hot_earliest})")
+        start = resume
+    return archived, (QueueRange(topic, view.queue, start, end) if end > start else None)
+
+
+def _archive_tasks(topic: str, view: QueueView, lo: int, hi: int) -> list[ArchiveRange]:
+    files = view.archive.covering(lo, hi)
+    cuts, rows = [lo], 0
+    for f in files:
+        if rows >= ARCHIVE_TASK_ROWS and lo < f.min_offset < hi and f.min_offset > cuts[-1]:
+            cuts.append(f.min_offset)
+            rows = 0
+        rows += f.rows
+    cuts.append(hi)
+    return [ArchiveRange(topic, view.queue, a, b, view.tier,
+                         tuple(f.path for f in view.archive.covering(a, b)))
+            for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[QueueRange]:

@@ -12,13 +12,18 @@ from typing import Iterator
 
 import pyarrow as pa
 
+import numpy as np
+import pyarrow.compute as pc
+
+from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange
-from rmq_spark.client.arrow import empty_batch
+from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch
+from storage_service.tagfilter import parse_tag_expression
 
 from ._options import ReadOptions
-from ._planning import QueueRange, report_data_loss
+from ._planning import ArchiveRange, QueueRange, report_data_loss
 
-__all__ = ["read_range"]
+__all__ = ["read_range", "read_archive", "read_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +82,46 @@ class _Fetcher:
                          f"no longer exist (the queue {now}; was the topic deleted and "
                          "created again?)")
         return empty_batch(), p.end
+
+
+ARCHIVE_BATCH_ROWS = 65_536
+
+
+def read_archive(opts: ReadOptions, part: ArchiveRange) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of ``part`` from its archive files; missing offsets are data loss."""
+    table = read_files(list(part.files), part.topic, part.queue, part.start, part.end, ARROW_SCHEMA)
+    offsets = table.column("offset").to_numpy()
+    if len(offsets) != part.end - part.start:
+        _archive_gaps(opts, part, offsets)
+    wanted = parse_tag_expression(opts.tags)
+    if wanted is not None and table.num_rows:
+        table = table.filter(pc.is_in(table.column("tags"),
+                                      value_set=pa.array([t.decode() for t in wanted])))
+    yield from table.to_batches(max_chunksize=ARCHIVE_BATCH_ROWS)
+
+
+def _archive_gaps(opts: ReadOptions, part: ArchiveRange, offsets: np.ndarray) -> None:
+    expected = np.arange(part.start, part.end, dtype=np.int64)
+    missing = np.setdiff1d(expected, offsets, assume_unique=True)
+    if not len(missing):
+        raise RuntimeError(f"archive {part.tier}: topic {part.topic!r} queue {part.queue} holds "
+                           f"{len(offsets)} rows for offsets [{part.start}, {part.end}): some "
+                           "offsets are archived more than once")
+    # Report each run of consecutive missing offsets.
+    breaks = np.nonzero(np.diff(missing) != 1)[0]
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [len(missing) - 1]])
+    for a, b in zip(starts, ends):
+        report_data_loss(opts, part.topic, part.queue, int(missing[a]), int(missing[b]) + 1,
+                         f"are missing from the archive {part.tier} (files removed since the "
+                         "query was planned?)")
+
+
+def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
+    """An archive or a hot-log partition's rows."""
+    if isinstance(part, ArchiveRange):
+        return read_archive(opts, part)
+    return read_range(opts, part)
 
 
 def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:

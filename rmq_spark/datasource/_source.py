@@ -70,9 +70,16 @@ class RocketMQDataSource(DataSource):
     maxTriggerDelay : duration, default ``15m``
         E.g. ``500ms``, ``30s``, ``15m``, ``1h`` (a bare number is ms).
     failOnDataLoss : bool, default ``true``
-        When offsets the query needs were removed (retention, a re-created
-        topic): ``true`` fails naming topic, queue and range; ``false`` skips
-        them and logs a warning with the same facts.
+        When offsets the query needs are gone (in neither the archive nor the
+        hot log: retention, a re-created topic): ``true`` fails naming topic,
+        queue and range; ``false`` skips them and logs a warning with the
+        same facts.
+    readArchive : bool, default ``true``
+        For a tiered topic (``rmq topic create --tier``), offsets below the
+        hot log's earliest are read from the Delta/Parquet archive, and so is
+        every offset the archive already holds: one query sees the whole
+        retained history, and ``earliest`` is the archive's earliest.
+        ``false`` reads the hot log only, as a non-tiered topic.
     minPartitions : int
         Split large queue ranges so a read runs at least this many tasks.
     readFrom : ``leader`` | ``follower``, default ``leader``

@@ -23,7 +23,7 @@ from rmq_spark.client import Client
 from . import _offsets, _planning
 from ._options import ReadOptions
 from ._planning import QueueRange
-from ._read import read_range
+from ._read import read_partition
 
 __all__ = ["StreamReader"]
 
@@ -61,7 +61,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _state(self) -> _planning.State:
         client = self._c()
-        return _planning.queue_state(client, _planning.subscribed_topics(client, self.opts))
+        return _planning.queue_state(client, _planning.subscribed_topics(client, self.opts),
+                                     self.opts.read_archive)
 
     # ----------------------------------------------------------- offsets
     def initialOffset(self) -> dict:
@@ -142,14 +143,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---------------------------------------------------------- planning
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         s_pos, e_pos = _offsets.from_spark(start), _offsets.from_spark(end)
-        state = _planning.queue_state(self._c(), sorted(e_pos))
-        ranges = []
+        state = _planning.queue_state(self._c(), sorted(e_pos), self.opts.read_archive)
+        archived, hot = [], []
         for t in sorted(e_pos):
             for q in sorted(e_pos[t]):
                 o, e = state[t].get(q), e_pos[t][q]
-                s = s_pos.get(t, {}).get(q)
-                ranges.append(QueueRange(t, q, self._checked_start(t, q, s, e, o), e))
-        return _planning.split_ranges(ranges, self.opts.min_partitions)
+                s = self._checked_start(t, q, s_pos.get(t, {}).get(q), e, o)
+                if o is None:
+                    hot.append(QueueRange(t, q, s, e))
+                    continue
+                a, h = _planning.plan(self.opts, t, o, s, e)
+                archived += a
+                hot += [h] if h is not None else []
+        return archived + _planning.split_ranges(hot, self.opts.min_partitions)
 
     def _checked_start(self, topic: str, queue: int, s: int | None, e: int, o) -> int:
         """Where the range really starts, after data-loss checks."""
@@ -170,7 +176,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return s
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
     # ------------------------------------------------------------ commit
     def commit(self, end: dict) -> None:
