@@ -22,7 +22,7 @@ import crc32c
 
 from . import records
 
-__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch",
+__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts",
            "iter_batches", "iter_blocks", "next_offset", "records_of", "scan_valid_prefix"]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
@@ -57,8 +57,19 @@ class BatchHeader:
 def frame_batch(base_offset: int, store_ts: int, count: int, position: int,
                 block: bytes) -> bytes:
     """Wrap a records block into a framed, checksummed batch."""
-    body = BODY_HEADER.pack(base_offset, store_ts, count, position) + block
-    return BATCH_HEADER.pack(len(body), crc32c.crc32c(body)) + body
+    return b"".join(frame_parts(base_offset, store_ts, count, position, block))
+
+
+def frame_parts(base_offset: int, store_ts: int, count: int, position: int,
+                block: bytes) -> tuple[bytes, bytes, bytes]:
+    """``frame_batch`` as (frame header, body header, block), for ``os.writev``.
+
+    The block is not copied: a 100 KiB concatenation costs a fresh buffer
+    (page faults, a copy) per batch on the apply path.
+    """
+    head = BODY_HEADER.pack(base_offset, store_ts, count, position)
+    crc = crc32c.crc32c(block, crc32c.crc32c(head))
+    return BATCH_HEADER.pack(len(head) + len(block), crc), head, block
 
 
 def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:

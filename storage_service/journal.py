@@ -191,9 +191,14 @@ class DurableJournal(Journal):
     # ------------------------------------------------------- Journal interface
     def add(self, command, idx, term):
         command = bytes(command)
-        frame = self._frame(command, idx, term)
-        self._f.write(frame)
-        self._bytes += len(frame)
+        # Header and command go out with one writev: no 100 KiB concatenation
+        # (a fresh buffer, page faults and a copy) per entry.
+        head = _IDX.pack(idx, term)
+        crc = crc32c.crc32c(command, crc32c.crc32c(head))
+        n = _REC.size + len(head) + len(command)
+        if os.writev(self._f.fileno(), (_REC.pack(len(head) + len(command), crc), head, command)) != n:
+            raise OSError(f"journal {self.path}: short write")
+        self._bytes += n
         self._entries.append(_Entry(self, idx, term))
         self._ends.append(self._bytes)
         self._remember(idx, command)

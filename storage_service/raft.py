@@ -34,7 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
+import pysyncobj.pickle
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
 from . import _wire
@@ -90,7 +92,9 @@ class RaftGroup(SyncObj):
             # its poller through a pipe) instead of waiting for the next
             # heartbeat: group commit already makes the entries big.
             appendEntriesUseBatch=False)
+        self._committer = None
         super().__init__(self_addr, [p for p in peers if p != self_addr], conf)
+        self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._running = True
         self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
@@ -110,6 +114,8 @@ class RaftGroup(SyncObj):
         self.journal = journal
 
     def _checkCommandsToApply(self):
+        if self._committer is not None:
+            self._committer.drain()      # group commit: queued produce calls -> one entry
         super()._checkCommandsToApply()
         self.journal.sync()
 
@@ -264,6 +270,22 @@ class RaftGroup(SyncObj):
     def submit(self, cmd, callback: Callable) -> None:
         """Queue a command; ``callback(result, fail_reason)`` runs on the tick thread."""
         self.apply_command(cmd, callback=callback)
+
+    def set_committer(self, committer) -> None:
+        """``committer.drain()`` runs on the tick thread before commands are appended."""
+        self._committer = committer
+
+    def wake(self) -> None:
+        """Make the tick thread run a tick now (any thread)."""
+        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
+        if notifier is not None:
+            notifier.notify()
+
+    def propose(self, cmd, callback: Callable) -> None:
+        """``submit`` for the tick thread itself: the command is appended in this very
+        tick, so pysyncobj's poller need not be woken through its pipe."""
+        data = _bchr(_COMMAND_TYPE.REGULAR) + pysyncobj.pickle.dumps((self._apply_id, (cmd,)))
+        self._SyncObj__commandsQueue.put_nowait((data, callback))
 
     # ------------------------------------------------------------ tick loop
     def _tick_loop(self) -> None:

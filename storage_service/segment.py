@@ -86,7 +86,9 @@ class QueueLog:
         self.segments: list[Segment] = []
         self._earliest = 0
         self.recent: dict[int, tuple[int, int]] = {}
-        self._wfd: int | None = None
+        self._wfd: int | None = None   # active segment's .log, .idx, .tix (append)
+        self._ifd: int | None = None
+        self._tfd: int | None = None
         self._idx_since = 0   # bytes appended since the last offset-index entry
         self._dirty = False
         os.makedirs(path, exist_ok=True)
@@ -189,9 +191,19 @@ class QueueLog:
         return seg
 
     def _open_writer(self) -> None:
-        if self._wfd is not None:
-            os.close(self._wfd)
-        self._wfd = os.open(self.segments[-1].file("log"), os.O_WRONLY | os.O_APPEND)
+        self._close_writer()
+        seg = self.segments[-1]
+        self._wfd = os.open(seg.file("log"), os.O_WRONLY | os.O_APPEND)
+        # The index files stay open too: opening them per batch was a visible
+        # share of apply when most batches cross an index interval.
+        self._ifd = os.open(seg.file("idx"), os.O_WRONLY | os.O_APPEND)
+        self._tfd = os.open(seg.file("tix"), os.O_WRONLY | os.O_APPEND)
+
+    def _close_writer(self) -> None:
+        for fd in (self._wfd, self._ifd, self._tfd):
+            if fd is not None:
+                os.close(fd)
+        self._wfd = self._ifd = self._tfd = None
 
     # ----------------------------------------------------------- properties
     @property
@@ -221,8 +233,11 @@ class QueueLog:
         return sum(s.size for s in self.segments)
 
     # --------------------------------------------------------------- writes
-    def append(self, frame: bytes, h: codec.BatchHeader) -> None:
-        """Append one framed batch whose base offset must equal next_offset."""
+    def append(self, frame, h: codec.BatchHeader) -> None:
+        """Append one framed batch whose base offset must equal next_offset.
+
+        ``frame`` is the batch's bytes, or its parts (``codec.frame_parts``).
+        """
         with self.lock:
             if h.base_offset != self.next_offset:
                 raise ValueError(f"append at {h.base_offset} but queue {self.path} is at {self.next_offset}")
@@ -230,15 +245,16 @@ class QueueLog:
             if seg.size >= self.segment_bytes:
                 self._roll()
                 seg = self.segments[-1]
-            os.write(self._wfd, frame)
+            if isinstance(frame, tuple):
+                os.writev(self._wfd, frame)
+            else:
+                os.write(self._wfd, frame)
             if self._idx_since >= self.index_interval:
-                with open(seg.file("idx"), "ab") as f:
-                    f.write(IDX_ENTRY.pack(h.base_offset, seg.size))
-                with open(seg.file("tix"), "ab") as f:
-                    f.write(TIX_ENTRY.pack(h.store_ts, h.base_offset))
+                os.write(self._ifd, IDX_ENTRY.pack(h.base_offset, seg.size))
+                os.write(self._tfd, TIX_ENTRY.pack(h.store_ts, h.base_offset))
                 self._idx_since = 0
-            self._idx_since += len(frame)
-            seg.size += len(frame)
+            self._idx_since += h.size
+            seg.size += h.size
             seg.next_offset = h.next_offset
             if seg.first_ts < 0:
                 seg.first_ts = h.store_ts
@@ -320,9 +336,7 @@ class QueueLog:
     def close(self) -> None:
         with self.lock:
             self.sync()
-            if self._wfd is not None:
-                os.close(self._wfd)
-                self._wfd = None
+            self._close_writer()
             for seg in self.segments:
                 seg.close()
 

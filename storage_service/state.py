@@ -114,8 +114,9 @@ class DataState:
             base, ts = q.recent.get(position, (-1, store_ts))
         else:
             base, ts = q.next_offset, max(store_ts, q.last_ts)
-            frame = codec.frame_batch(base, ts, count, position, records)
-            q.append(frame, codec.BatchHeader(0, len(frame), base, ts, count, position, base + count - 1))
+            parts = codec.frame_parts(base, ts, count, position, records)
+            size = sum(map(len, parts))
+            q.append(parts, codec.BatchHeader(0, size, base, ts, count, position, base + count - 1))
         if producer:
             self._remember(qname, producer, seq, base, count, ts)
         return (base, count, ts, False)

@@ -236,3 +236,12 @@ def test_codec_accepts_memoryview():
     assert [h.base_offset for h, _ in iter_blocks(buf)] == [5]
     assert bytes(records_of(buf, next(iter_batches(buf)))) == encode_values([b"x"])
 
+
+
+def test_frame_parts_join_to_frame_batch():
+    block = encode_values([b"a", b"bc"])
+    parts = codec.frame_parts(7, 123, 2, 99, block)
+    assert parts[2] is block                     # the block is not copied
+    assert b"".join(parts) == codec.frame_batch(7, 123, 2, 99, block)
+    [h] = codec.iter_batches(b"".join(parts))
+    assert (h.base_offset, h.store_ts, h.count, h.apply_position) == (7, 123, 2, 99)

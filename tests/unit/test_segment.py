@@ -320,3 +320,22 @@ def test_corrupt_byte_in_sealed_segment_is_never_served(qpath, where, mask):
     q2 = QueueLog(qpath, segment_bytes=300, fsync=False)
     with pytest.raises(CorruptBatch):
         q2.read(PER_BATCH, 1 << 20)
+
+
+def test_append_of_frame_parts_equals_append_of_the_frame(tmp_path):
+    from storage_service.codec import frame_parts
+    a, b = QueueLog(str(tmp_path / "a"), 4096), QueueLog(str(tmp_path / "b"), 4096)
+    for i in range(50):       # many index intervals and segment rolls
+        block = encode_values([f"v{i}-{j}".encode() * 20 for j in range(3)])
+        parts = frame_parts(a.next_offset, 1000 + i, 3, i + 1, block)
+        frame = b"".join(parts)
+        a.append(parts, next(iter_batches(frame)))
+        b.append(frame, next(iter_batches(frame)))
+    assert a.read(0, 1 << 20) == b.read(0, 1 << 20) and a.next_offset == 150
+    assert len(a.segments) > 1 and a.offset_for_timestamp(1030) == b.offset_for_timestamp(1030) == 90
+    for q in (a, b):
+        q.close()
+    names = sorted(os.listdir(tmp_path / "a"))
+    assert names == sorted(os.listdir(tmp_path / "b"))
+    for n in names:
+        assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
