@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import grpc
@@ -167,11 +167,18 @@ class StorageNode:
     # ---------------------------------------------------------------- produce
     def produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str, seq: int):
         """Replicate one validated records block to a queue; returns (base, count, ts, dup)."""
+        return self.wait_produce(*self.submit_produce(cfg, queue, block, count, producer, seq))
+
+    def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
+                       seq: int) -> tuple[int, Future]:
+        """Hand a validated block to the group's committer; ``wait_produce`` gets the result."""
         g = self.group_of(cfg["name"], queue)
         self.require_leader(g)
         item = (queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                 int(time.time() * 1000), count, block)
-        fut = self.committers[g].submit(item, len(block))
+        return g, self.committers[g].submit(item, len(block))
+
+    def wait_produce(self, g: int, fut: Future):
         try:
             return fut.result(self.config.commit_timeout)
         except FutureTimeout:

@@ -63,27 +63,40 @@ def _offsets(lengths) -> bytes:
     return np.fromiter(accumulate(lengths, initial=0), dtype=_I32).tobytes()
 
 
+def _column(items: Sequence[bytes]) -> tuple[bytes, bytes]:
+    """(offsets, data) of a bytes column; an all-empty column costs no per-item Python."""
+    data = b"".join(items)
+    if not data:
+        return bytes(4 * (len(items) + 1)), b""
+    return _offsets(map(len, items)), data
+
+
 def encode(values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
            tags: Sequence[str] | None = None, properties: Sequence[Mapping[str, str]] | None = None,
            born_ts: Sequence[int] | None = None, offset_deltas: Sequence[int] | None = None) -> bytes:
     """Encode n messages given as columns (None columns mean empty/absent)."""
     n = len(values)
-    keys = keys if keys is not None else [None] * n
-    tags_b = [t.encode() for t in tags] if tags is not None else [b""] * n
-    props = properties if properties is not None else [{}] * n
-    pk = [k.encode() for p in props for k in p]
-    pv = [v.encode() for p in props for v in p.values()]
-    key_bytes = [k or b"" for k in keys]
+    # The common producer batch has no keys, tags or properties: those columns
+    # are checked once and encoded without a pass per message.
+    if keys is None or not any(k is not None for k in keys):
+        key_valid, key_col = bytes(n), (bytes(4 * (n + 1)), b"")
+    else:
+        key_valid = bytes(0 if k is None else 1 for k in keys)
+        key_col = _column([k or b"" for k in keys])
+    if tags is None or not any(tags):
+        tags_col = (bytes(4 * (n + 1)), b"")
+    else:
+        tags_col = _column([t.encode() for t in tags])
+    if properties is None or not any(properties):
+        prop_cols = [bytes(4 * (n + 1)), bytes(4), bytes(4)]
+    else:
+        pk = [k.encode() for p in properties for k in p]
+        pv = [v.encode() for p in properties for v in p.values()]
+        prop_cols = [_offsets(map(len, properties)), *_column(pk), *_column(pv)]
     parts = [
         np.asarray(offset_deltas if offset_deltas is not None else range(n), dtype=_U32).tobytes(),
         np.asarray(born_ts if born_ts is not None else [0] * n, dtype=_I64).tobytes(),
-        bytes(0 if k is None else 1 for k in keys),
-        _offsets(map(len, key_bytes)), b"".join(key_bytes),
-        _offsets(map(len, values)), b"".join(values),
-        _offsets(map(len, tags_b)), b"".join(tags_b),
-        _offsets(map(len, props)),
-        _offsets(map(len, pk)), b"".join(pk),
-        _offsets(map(len, pv)), b"".join(pv),
+        key_valid, *key_col, *_column(values), *tags_col, *prop_cols,
     ]
     return b"".join(parts)
 

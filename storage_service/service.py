@@ -147,6 +147,42 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     # ---------------------------------------------------------------- produce
     @_guard
     def Produce(self, request, context):
+        cfg, block, count = self._validate_produce(request)
+        if request.queue >= 0:
+            res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
+            return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
+        return self._produce_spread(cfg, request.messages)
+
+    @_guard
+    def ProduceBatches(self, request, context):
+        """Every batch is submitted before any is waited for, so batches of one
+        group share a raft entry; each gets its own outcome."""
+        if not request.batches:
+            raise invalid("batches is empty: give at least one produce batch")
+        submitted = []
+        for b in request.batches:
+            try:
+                if b.queue < 0:
+                    raise invalid(f"queue {b.queue}: every batch of ProduceBatches needs an explicit queue")
+                cfg, block, count = self._validate_produce(b)
+                submitted.append(self.node.submit_produce(cfg, b.queue, block, count, b.producer_id,
+                                                          b.sequence))
+            except ServiceError as e:
+                submitted.append(e)
+        resp = rmq_pb2.ProduceBatchesResponse()
+        for b, sub in zip(request.batches, submitted):
+            out = resp.outcomes.add()
+            try:
+                if isinstance(sub, ServiceError):
+                    raise sub
+                out.result.CopyFrom(self._result(b.queue, self.node.wait_produce(*sub)))
+            except ServiceError as e:
+                out.code, out.message = e.code.value[0], e.message
+                out.leader = getattr(e, "leader", None) or ""
+        return resp
+
+    def _validate_produce(self, request) -> tuple[dict, bytes, int]:
+        """Check a produce request; returns (topic config, records block, count)."""
         check_topic_name(request.topic)
         cfg = self.node.topic(request.topic, queue=request.queue)
         if request.queue < -1:
@@ -176,9 +212,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         self._check_block(cfg, cols)
         if request.queue >= 0:
             check_queue(cfg, request.queue)
-            res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
-            return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
-        return self._produce_spread(cfg, request.messages)
+        return cfg, block, count
 
     @staticmethod
     def _parse_block(block: bytes, count: int) -> records.Columns:

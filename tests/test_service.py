@@ -77,7 +77,8 @@ def test_offsets_and_consumer_group_offsets(client, topic):
     assert offs == {0: (0, 0), 1: (0, 7), 2: (0, 0), 3: (0, 0)}
     client.commit_offsets("g1", topic, {1: 5})
     assert client.committed_offsets("g1", topic) == {1: 5}
-    assert "g1" in client.consumer_groups(topic)
+    # Any node answers this from its metadata replica, which may trail the leader briefly.
+    wait_until(lambda: "g1" in client.consumer_groups(topic), timeout=5, what="g1 listed")
 
 
 def test_idempotent_retry_is_applied_once(client, topic):
@@ -312,3 +313,59 @@ def test_queue_count_cannot_shrink_or_stay(client, queues):
     with pytest.raises(InvalidArgument):
         client.alter_topic(name, queues=5000)
     assert client.describe_topic(name)["queues"] == 3
+
+
+def test_produce_batches_one_call_per_node_each_batch_answered_on_its_own(client, topic):
+    res = client.produce_batches([(topic, q, [f"b{q}-{i}".encode() for i in range(3)]) for q in range(4)])
+    assert [(r.queue, r.base_offset, r.count) for r in res] == [(q, 0, 3) for q in range(4)]
+    again = client.produce_batches([(topic, 2, [b"x"]), (topic, 0, [b"y"])])
+    assert [(r.queue, r.base_offset) for r in again] == [(2, 3), (0, 3)]
+    for q in range(4):
+        assert [r.value for r in client.fetch(topic, q, 0).records][:3] == [f"b{q}-{i}".encode() for i in range(3)]
+
+
+def test_produce_batches_bad_batch_fails_alone(cluster, client, topic):
+    """Over the wire: a bad batch gets its own status; the good ones are stored."""
+    leader = client.describe_topic(topic)["queue_info"][1]["leader"]
+    good = rmq_pb2.ProduceRequest(topic=topic, queue=1, messages=[rmq_pb2.Message(value=b"ok")])
+    bad_queue = rmq_pb2.ProduceRequest(topic=topic, queue=7, messages=[rmq_pb2.Message(value=b"x")])
+    spread = rmq_pb2.ProduceRequest(topic=topic, queue=-1, messages=[rmq_pb2.Message(value=b"x")])
+    with grpc.insecure_channel(leader) as ch:
+        resp = rmq_pb2_grpc.MessageLogStub(ch).ProduceBatches(
+            rmq_pb2.ProduceBatchesRequest(batches=[bad_queue, good, spread]), timeout=10)
+        with pytest.raises(grpc.RpcError) as exc:
+            rmq_pb2_grpc.MessageLogStub(ch).ProduceBatches(rmq_pb2.ProduceBatchesRequest(), timeout=10)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    codes = [o.code for o in resp.outcomes]
+    assert codes == [grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]]
+    assert "valid queues are 0..3" in resp.outcomes[0].message
+    assert "explicit queue" in resp.outcomes[2].message
+    assert resp.outcomes[1].result.count == 1
+    assert [r.value for r in client.fetch(topic, 1, 0).records] == [b"ok"]
+    assert sum(o.latest for o in client.offsets(topic)) == 1
+
+
+def test_produce_batches_to_a_follower_names_the_leader_and_client_retries(cluster, client, topic):
+    info = client.describe_topic(topic)["queue_info"]
+    follower = next(a for a in cluster.endpoints.split(",") if a != info[3]["leader"])
+    req = rmq_pb2.ProduceRequest(topic=topic, queue=3, messages=[rmq_pb2.Message(value=b"x")])
+    with grpc.insecure_channel(follower) as ch:
+        resp = rmq_pb2_grpc.MessageLogStub(ch).ProduceBatches(
+            rmq_pb2.ProduceBatchesRequest(batches=[req]), timeout=10)
+    [out] = resp.outcomes
+    assert out.code == grpc.StatusCode.UNAVAILABLE.value[0] and out.leader == info[3]["leader"]
+    with Client(follower, timeout=10) as one:         # only knows the follower: follows the hint
+        [r] = one.produce_batches([(topic, 3, [b"y"])])
+    assert (r.queue, r.base_offset) == (3, 0)
+    with pytest.raises(InvalidArgument):
+        client.produce_batches([(topic, 0, [])])
+
+
+def test_produce_batches_retry_is_deduplicated(client, topic):
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
+        topic=topic, queue=0, messages=[rmq_pb2.Message(value=b"a"), rmq_pb2.Message(value=b"b")],
+        producer_id="retry-test", sequence=0)])
+    first, again = (client.call("ProduceBatches", req, group=client.group_of(topic, 0)) for _ in range(2))
+    assert not first.outcomes[0].result.duplicate and again.outcomes[0].result.duplicate
+    assert again.outcomes[0].result.base_offset == first.outcomes[0].result.base_offset == 0
+    assert client.offsets(topic)[0].latest == 2

@@ -22,6 +22,7 @@ import grpc
 
 from storage_service import codec, records
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
+from storage_service.errors import LEADER_METADATA_KEY
 from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
 
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
@@ -74,6 +75,13 @@ def to_block(messages: Sequence[MessageLike]) -> bytes:
     ms = [normalize(m, now) for m in messages]
     return records.encode([m.value for m in ms], [m.key for m in ms], [m.tags for m in ms],
                           [m.properties for m in ms], [m.born_timestamp for m in ms])
+
+
+def plain_block(messages: Sequence[MessageLike]) -> bytes:
+    """``to_block``, without a Message object per message when all are plain bytes."""
+    if all(type(m) is bytes for m in messages):
+        return records.encode(messages, born_ts=[int(time.time() * 1000)] * len(messages))
+    return to_block(messages)
 
 
 def decode_records(topic: str, queue: int, batches: bytes, start: int,
@@ -240,6 +248,63 @@ class Client:
         return [ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)
                 for r in resp.results]
 
+    def produce_batches(self, batches: Sequence[tuple[str, int, Iterable[MessageLike]]],
+                        timeout: float | None = None) -> list[ProduceResult]:
+        """Append several batches, each ``(topic, queue, messages)``, in one call per node.
+
+        Each batch is what ``produce(topic, messages, queue=queue)`` sends (one
+        records block, idempotent across retries) and gets one result, in the
+        order given. Batches whose queues the same node leads travel in one RPC
+        (as Kafka's producer sends one request per broker with a batch per
+        partition), and batches of one raft group share its entries: the way to
+        produce to many queues at once with few calls per message.
+        """
+        reqs = []
+        for topic, queue, messages in batches:
+            messages = list(messages)
+            pid, seq = self._next_sequence(topic, queue, len(messages))
+            reqs.append(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
+                                               count=len(messages), producer_id=pid, sequence=seq))
+        groups = [self.group_of(r.topic, r.queue) for r in reqs]
+        results: list = [None] * len(reqs)
+        pending, deadline, delay = list(range(len(reqs))), time.monotonic() + (timeout or self.timeout), 0.02
+        while pending:
+            by_node: dict[str, list[int]] = {}
+            for i in pending:
+                by_node.setdefault(self._routes.get(groups[i]) or self._candidates(None)[0], []).append(i)
+            left = max(0.01, min(self.attempt_timeout, deadline - time.monotonic()))
+            calls = [(addr, idx, self._stub(addr).ProduceBatches.future(
+                rmq_pb2.ProduceBatchesRequest(batches=[reqs[i] for i in idx]), timeout=left))
+                for addr, idx in by_node.items()]
+            pending, last, hinted = [], None, False
+            for addr, idx, call in calls:
+                try:
+                    outcomes = [(i, from_rpc_error(_OutcomeStatus(o), addr) if o.code else o.result)
+                                for i, o in zip(idx, call.result().outcomes)]
+                except grpc.RpcError as e:
+                    outcomes = [(i, from_rpc_error(e, addr)) for i in idx]
+                for i, out in outcomes:
+                    if not isinstance(out, RmqError):
+                        results[i] = ProduceResult(out.queue, out.base_offset, out.count,
+                                                   out.store_timestamp, out.duplicate)
+                        continue
+                    if not out.retriable:
+                        raise out
+                    hinted |= isinstance(out, NotLeader) and bool(out.leader)
+                    if isinstance(out, NotLeader) and out.leader:
+                        self._routes[groups[i]] = out.leader
+                    else:
+                        self._routes.pop(groups[i], None)
+                    pending.append(i)
+                    last = out
+            if pending:
+                if time.monotonic() + delay >= deadline:
+                    raise last
+                if not hinted:
+                    time.sleep(delay * (0.5 + random.random()))
+                    delay = min(delay * 2, 1.0)
+        return results
+
     # --------------------------------------------------------------- fetch
     def fetch(self, topic: str, queue: int, offset: int, max_messages: int = 0,
               max_bytes: int = 0, wait_ms: int = 0, from_follower: bool = False,
@@ -337,6 +402,23 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _OutcomeStatus:
+    """One ProduceBatches outcome seen as an RPC status, for ``from_rpc_error``."""
+    _CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+    def __init__(self, outcome: rmq_pb2.ProduceOutcome):
+        self._o = outcome
+
+    def code(self) -> grpc.StatusCode:
+        return self._CODES.get(self._o.code, grpc.StatusCode.UNKNOWN)
+
+    def details(self) -> str:
+        return self._o.message
+
+    def trailing_metadata(self) -> tuple:
+        return ((LEADER_METADATA_KEY, self._o.leader),) if self._o.leader else ()
 
 
 def _cfg_dict(c: rmq_pb2.TopicConfig) -> dict:

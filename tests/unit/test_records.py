@@ -311,3 +311,19 @@ def test_text_that_is_not_utf8_is_an_error(section, data):
 
 def test_all_names_are_exported():
     assert set(records.__all__) == {"Columns", "encode", "parse", "last_delta", "iter_rows", "select", "min_block_size"}
+
+
+@pytest.mark.parametrize("keys, tags, props", [
+    (None, None, None),
+    ([None, None, None], ["", "", ""], [{}, {}, {}]),
+    ([None, b"", b"k"], ["", "a", "\u00e9"], [{}, {"a": "b"}, {"x": "", "": "y"}]),
+    ([b"k1", None, None], None, [{}, {}, {"p": "q"}]),
+])
+def test_columns_without_data_encode_like_columns_given_item_by_item(keys, tags, props):
+    values = [b"a", b"", b"ccc"]
+    explicit = encode(values, keys or [None] * 3, tags or [""] * 3, props or [{}] * 3, [1, 2, 3])
+    assert encode(values, keys, tags, props, [1, 2, 3]) == explicit
+    rows = list(iter_rows(parse(explicit, 3)))
+    assert [r[1] for r in rows] == (keys or [None] * 3)
+    assert [r[3] for r in rows] == (tags or [""] * 3)
+    assert [r[4] for r in rows] == (props or [{}] * 3)
