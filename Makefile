@@ -19,7 +19,7 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	command -v java >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jre-headless)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test,spark]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[test,spark,notebook]' --config-settings editable_mode=compat
 	touch $@
 
 # Delta Lake's JVM jars, resolved by Maven (cached in ~/.m2) into jars/.
