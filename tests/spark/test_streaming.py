@@ -99,9 +99,26 @@ def test_topic_pattern_picks_up_new_topic_from_earliest(spark, client, endpoints
 
 
 def test_queue_added_mid_stream_is_read_from_earliest(spark, client, endpoints, tmp_path):
-    """The service cannot grow a topic in place, so the topic is re-created with one
-    more queue: the checkpoint knows queues 0 and 1, the new incarnation has 0..2."""
+    """The topic grows from 2 to 3 queues between runs (``alter_topic(queues=3)``): the
+    checkpoint knows queues 0 and 1; queue 2 is read from its earliest offset."""
     name = "grows"
+    client.create_topic(name, queues=2)
+    produce(client, name, 40, queues=2, prefix="old")
+    df = reader(spark, endpoints, name, stream=True, startingOffsets="earliest")
+    first = Batches()
+    run_available_now(df, tmp_path / "ck", first)
+    assert len(first.all()) == 40
+    client.alter_topic(name, queues=3)
+    new = produce(client, name, 15, queues=3, prefix="new")
+    got = Batches()
+    run_available_now(df, tmp_path / "ck", got)
+    assert sorted(got.all()) == sorted(new)
+    assert {o.queue: o.latest for o in client.offsets(name)} == {0: 25, 1: 25, 2: 5}
+
+
+def test_recreated_topic_is_data_loss(spark, client, endpoints, tmp_path):
+    """A topic deleted and created again behind a stream's back: offsets went backwards."""
+    name = "recreated"
     client.create_topic(name, queues=2)
     produce(client, name, 40, queues=2, prefix="old")
     df = reader(spark, endpoints, name, stream=True, startingOffsets="earliest")
