@@ -126,6 +126,8 @@ class RaftGroup(SyncObj):
 
     # -------------------------------------------------------- stale appends
     def _SyncObj__onMessageReceived(self, node, message):
+        if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
+            return self._on_ack(node, message)
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
             if "prevLogIdx" in message and "transmission" not in message:
                 message = self._reconcile_append(node, message)
@@ -134,6 +136,20 @@ class RaftGroup(SyncObj):
             if message is None:
                 return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _on_ack(self, node, message) -> None:
+        """A follower's success reply, without moving the leader's next index back.
+
+        pysyncobj sets the next index to just past the acknowledged entry even
+        when later entries are already on their way, so the next append
+        (sent after every apply, for the commit index) carried those entries
+        again: with two entries in flight about every second entry went out
+        twice, 100 KiB+ each, and the follower answered both copies.
+        """
+        sent = self._SyncObj__raftNextIndex.get(node)
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        if sent is not None and self._SyncObj__raftNextIndex.get(node, sent) < sent:
+            self._SyncObj__raftNextIndex[node] = sent
 
     @staticmethod
     def _heartbeat(message: dict, commit_cap: int) -> dict:

@@ -121,6 +121,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def DeleteTopic(self, request, context):
         check_topic_name(request.name)
         self.node.meta_command(("delete_topic", request.name))
+        self.node.wait_meta_applied_everywhere()     # no node serves the old topic after this
         return rmq_pb2.DeleteTopicResponse()
 
     @_guard
