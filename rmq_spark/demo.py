@@ -6,6 +6,9 @@ restarts the node, and reads everything back to show nothing was lost. Then
 Spark: a batch query over the topic with ``format("rocketmq")``, and a
 streaming job (``Trigger.AvailableNow``, exactly-once sink) that copies the
 TagA messages to a second topic while committing its consumer-group offsets.
+Last, tiering: a topic tiered to a Delta archive is archived by the tiering
+job (``rmq tier``), hot retention drops the archived part from the nodes, and
+one ``format("rocketmq")`` query still returns the whole history.
 """
 from __future__ import annotations
 
@@ -44,7 +47,10 @@ def _leader_node(client: Client, cluster: LocalCluster, group: int) -> int:
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rmq-demo-") as tmp:
         print("starting a local 3-node cluster (3 processes, 4 data raft groups + metadata) ...")
-        with LocalCluster(nodes=3, groups=4, data_dir=tmp) as cluster:
+        # Small segments and a 1 s retention pass, so tiered data leaves the hot log at once.
+        with LocalCluster(nodes=3, groups=4, data_dir=tmp,
+                          extra_args=["--segment-bytes", str(256 << 10),
+                                      "--retention-interval", "1"]) as cluster:
             print(f"endpoints: {cluster.endpoints}")
             with Client(cluster.endpoints) as client:
                 rc = _run(client, cluster)
@@ -114,9 +120,44 @@ def _spark(client: Client, endpoints: str, tmp: str) -> int:
                   for o in client.offsets(TOPIC))
         print(f"streaming copy of TagA messages (exactly-once sink): {copied:,} written, "
               f"{want:,} expected; consumer group demo-copy lag {lag}")
-        return 0 if copied == want and lag == 0 else 1
+        if copied != want or lag != 0:
+            return 1
+        return _tiering(spark, client, endpoints, tmp)
     finally:
         spark.stop()
+
+
+def _tiering(spark, client: Client, endpoints: str, tmp: str) -> int:
+    from .cli.main import main as rmq
+    from .tiering import tier_topic
+
+    topic, archive = "demo-history", os.path.join(tmp, "archive")
+    print(f"\ntiering: topic {topic} tiered to delta:{archive}, hot retention 1 ms")
+    client.create_topic(topic, queues=QUEUES, tier=f"delta:{archive}", local_retention_ms=1)
+    produced = 0
+    for r in range(20):
+        for q in range(QUEUES):
+            msgs = [Message(f'{{"event": {r}.{i}}}'.encode().ljust(512, b" "),
+                            tags="old") for i in range(250)]
+            produced += client.produce(topic, msgs, queue=q)[0].count
+    print(f"  produced {produced:,} messages; archiving (Trigger.AvailableNow) ...")
+    tier_topic(spark, endpoints, topic, progress=lambda line: print("  " + line))
+    deadline = time.monotonic() + 60
+    while any(o.earliest == 0 for o in client.offsets(topic)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for q in range(QUEUES):
+        produced += client.produce(topic, [Message(b'{"event": "new"}', tags="new")] * 100,
+                                   queue=q)[0].count
+    print(f"  hot retention removed what was archived; 400 new messages are hot only\n")
+    rmq(["--endpoints", endpoints, "topic", "describe", topic])
+    df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic).load()
+    print('\nspark.read.format("rocketmq") over archive + hot log:')
+    df.groupBy("tags").count().orderBy("tags").show()
+    total = df.count()
+    hot = sum(o.latest - o.earliest for o in client.offsets(topic))
+    print(f"whole history: {total:,} read, {produced:,} produced "
+          f"({total - hot:,} only in the Delta archive, {hot:,} in the hot log)")
+    return 0 if total == produced else 1
 
 
 if __name__ == "__main__":
