@@ -52,6 +52,10 @@ class FastTcpConnection(tc.TcpConnection):
             # Nothing queued: hand the frame to the kernel straight from the
             # pickle, and queue only what it did not take (an append entry is
             # ~100 KiB+; copying it into the buffer first was a visible cost).
+            # The read-timeout check pysyncobj makes on every send stays.
+            self._TcpConnection__processConnectionTimeout()
+            if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+                return
             head = _LEN.pack(len(data))
             try:
                 sent = self._TcpConnection__socket.sendmsg((head, data))

@@ -61,6 +61,10 @@ class GroupCommitter:
             self.raft.wake()
         return fut
 
+    def will_propose(self) -> bool:
+        """Whether ``drain`` would propose an entry now (tick thread)."""
+        return bool(self._pending) and self._slot_free()
+
     def _slot_free(self) -> bool:
         if len(self._in_flight) < self.max_in_flight:
             return True
@@ -69,7 +73,7 @@ class GroupCommitter:
 
     def drain(self) -> None:
         """Propose what is queued as one raft entry, if a slot is free (tick thread)."""
-        if not self._pending or not self._slot_free():
+        if not self.will_propose():
             return
         batch, total = [], 0
         with self._lock:

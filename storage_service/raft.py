@@ -119,6 +119,16 @@ class RaftGroup(SyncObj):
         super()._checkCommandsToApply()
         self.journal.sync()
 
+    def _SyncObj__applyLogEntries(self):
+        need_send = SyncObj._SyncObj__applyLogEntries(self)
+        # pysyncobj sends an append after every apply only to tell followers
+        # the new commit index. When the committer proposes an entry later in
+        # this very tick, that entry's append carries the commit index: skip
+        # the extra message (and its reply) to each follower.
+        if need_send and self._committer is not None and self._committer.will_propose():
+            return False
+        return need_send
+
     def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
         if success:
             self.journal.sync()   # durable before the leader may count it
