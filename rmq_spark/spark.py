@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import glob
 import os
+from contextlib import contextmanager
 
-__all__ = ["JARS_DIR", "delta_jars", "session_builder"]
+__all__ = ["JARS_DIR", "delta_jars", "session_builder", "session_conf"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "jars"))
@@ -37,3 +38,23 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
          .config("spark.sql.shuffle.partitions", "4")
          .config("spark.ui.showConsoleProgress", "false"))
     return b.master(master) if master else b
+
+
+@contextmanager
+def session_conf(spark, conf: dict[str, str]):
+    """Set SQL confs on ``spark`` for the duration of the block, then restore them.
+
+    A streaming query clones its session's confs at ``start()``; a Delta
+    idempotent DML write reads them when it commits.
+    """
+    old = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)

@@ -28,9 +28,10 @@ import pyarrow.parquet as pq
 
 from .layout import DATA_COLUMNS, Tier
 
-__all__ = ["ArchiveFile", "ArchiveSnapshot", "ArchiveError", "load_snapshot", "read_files",
+__all__ = ["delta_log", "delta_file_path", "ArchiveFile", "ArchiveSnapshot", "ArchiveError", "load_snapshot", "read_files",
            "QueueFiles", "offset_for_timestamp"]
 
+_CONF_KEY = "\0configuration"       # where the table configuration rides among the adds
 _SUPPORTED_READER_FEATURES = {"timestampNtz", "vacuumProtocolCheck"}
 
 
@@ -95,13 +96,17 @@ def load_snapshot(tier: Tier) -> ArchiveSnapshot | None:
 
 
 # ------------------------------------------------------------------ Delta log
-def _delta_files(root: str) -> list[ArchiveFile] | None:
+def delta_log(root: str) -> tuple[list[dict], dict] | None:
+    """The live ``add`` actions and table configuration of the Delta table at ``root``
+    (last classic checkpoint + later JSON commits); None if it has no log yet."""
     log_dir = os.path.join(root, "_delta_log")
     if not os.path.isdir(log_dir):
         return None
     names = os.listdir(log_dir)
     commits = sorted(int(n[:20]) for n in names if re.fullmatch(r"\d{20}\.json", n))
     checkpoint, parts = _latest_checkpoint(log_dir, names)
+    if checkpoint is None and not commits:
+        return None
     adds: dict[str, dict] = {}
     if checkpoint is not None:
         for part in parts:
@@ -113,9 +118,20 @@ def _delta_files(root: str) -> list[ArchiveFile] | None:
             for line in fh:
                 if line.strip():
                     _apply_action(json.loads(line), adds)
-    if checkpoint is None and not commits:
-        return None
-    return [_delta_file(root, a) for a in adds.values()]
+    conf = adds.pop(_CONF_KEY, {})
+    return list(adds.values()), conf
+
+
+def delta_file_path(root: str, add: dict) -> str:
+    raw = add["path"]
+    if "://" in raw or raw.startswith("file:"):
+        return unquote(urlparse(raw).path)
+    return os.path.join(root, unquote(raw))
+
+
+def _delta_files(root: str) -> list[ArchiveFile] | None:
+    found = delta_log(root)
+    return None if found is None else [_delta_file(root, a) for a in found[0]]
 
 
 def _latest_checkpoint(log_dir: str, names: list[str]) -> tuple[int | None, list[str]]:
@@ -167,15 +183,16 @@ def _apply_action(action: dict, adds: dict[str, dict]) -> None:
                                f"{sorted(_SUPPORTED_READER_FEATURES)})")
     elif "metaData" in action:
         conf = action["metaData"].get("configuration") or {}
+        if isinstance(conf, list):          # a checkpoint's map column
+            conf = dict(conf)
+        adds[_CONF_KEY] = conf
         if conf.get("delta.columnMapping.mode", "none") != "none":
             raise ArchiveError("archive table uses column mapping; the rocketmq reader needs "
                                "delta.columnMapping.mode=none")
 
 
 def _delta_file(root: str, add: dict) -> ArchiveFile:
-    raw = add["path"]
-    path = urlparse(raw).path if "://" in raw or raw.startswith("file:") else \
-        os.path.join(root, unquote(raw))
+    path = delta_file_path(root, add)
     stats = add.get("stats")
     stats = json.loads(stats) if isinstance(stats, str) and stats else None
     topic = (add.get("partitionValues") or {}).get("topic")

@@ -1,0 +1,185 @@
+"""The compaction job: a compact topic -> a Delta table with the latest value per key.
+
+A Structured Streaming query reads the topic (``format("rocketmq")``) and,
+per micro-batch (``foreachBatch``):
+
+1. reduces the batch to the last record of each key, by (queue, offset);
+2. MERGEs it into the table on (bucket, key): a record replaces the row
+   only if its (queue, offset) is higher than the row's, so a replayed or
+   older record never overwrites a newer one; a tombstone (null value)
+   deletes the row; a new key is inserted unless it is a tombstone. The
+   MERGE carries Delta's idempotent-write identity (query id, batch id), so
+   a batch replayed after a kill is skipped by Delta;
+3. records the ``compaction`` watermark (the batch's end offsets) in the
+   metadata group: everything below it is in the table.
+
+The table path is the compact topic's ``tier`` config (``delta:PATH``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from rmq_spark.archive import layout
+from rmq_spark.client import Client
+from rmq_spark.spark import session_conf
+from rmq_spark.tiering import _checkpoint
+from rmq_spark.tiering._config import AVAILABLE_NOW, parse_trigger
+
+from .errors import CompactionConfigError
+from .table import BUCKETS_PROPERTY, DEFAULT_BUCKETS, TABLE_DDL
+
+__all__ = ["compact_topic", "CompactSettings"]
+
+log = logging.getLogger(__name__)
+_TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_MESSAGE_COLUMNS = ("key", "value", "topic", "queue", "offset", "timestamp", "born_timestamp",
+                    "tags", "properties", "msg_id")
+_NEWER = "(s.queue > t.queue OR (s.queue = t.queue AND s.offset > t.offset))"
+
+
+@dataclass(frozen=True)
+class CompactSettings:
+    endpoints: str
+    topic: str
+    table: str
+    checkpoint: str
+    trigger: dict
+    buckets: int = DEFAULT_BUCKETS
+    max_offsets_per_trigger: int | None = None
+
+    @classmethod
+    def create(cls, client: Client, endpoints: str, topic: str, table: str | None = None,
+               trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
+               buckets: int = DEFAULT_BUCKETS,
+               max_offsets_per_trigger: int | None = None) -> "CompactSettings":
+        try:
+            trig = parse_trigger(trigger)
+        except ValueError as e:
+            raise CompactionConfigError(str(e)) from None
+        if buckets < 1 or buckets > 4096:
+            raise CompactionConfigError(f"buckets {buckets}: use 1-4096")
+        if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
+            raise CompactionConfigError(f"max_offsets_per_trigger {max_offsets_per_trigger}: "
+                                        "use an integer >= 1 (or leave it out: no limit)")
+        cfg = next((t for t in client.list_topics() if t["name"] == topic), None)
+        if cfg is None:
+            raise CompactionConfigError(f"topic {topic!r} does not exist (create it with "
+                                        f"`rmq topic create {topic} --cleanup-policy compact`)")
+        if cfg["cleanup_policy"] != "compact":
+            raise CompactionConfigError(
+                f"topic {topic!r} has cleanup policy {cfg['cleanup_policy']!r}; compaction "
+                "needs a compact topic (`rmq topic create NAME --cleanup-policy compact`)")
+        current = layout.parse_tier(cfg["tier"]) if cfg["tier"] else None
+        if table is None:
+            if current is None:
+                raise CompactionConfigError(f"topic {topic!r} has no table yet: give one "
+                                            "(--table PATH)")
+            path = current.path
+        else:
+            path = _checkpoint.local_path(table, "table")
+            if current is not None and current.path != path:
+                raise CompactionConfigError(f"topic {topic!r} is compacted into {current.path}, "
+                                            f"not {path}; omit --table, or change it first "
+                                            f"(`rmq topic alter {topic} --tier delta:{path}`)")
+        ckpt = (_checkpoint.local_path(checkpoint, "checkpoint") if checkpoint
+                else f"{path}/_rmq_checkpoints/{topic}")
+        if current is None:
+            client.alter_topic(topic, tier=f"delta:{path}")
+        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger)
+
+    @property
+    def available_now(self) -> bool:
+        return bool(self.trigger.get("availableNow"))
+
+
+def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
+                  trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
+                  buckets: int = DEFAULT_BUCKETS, max_offsets_per_trigger: int | None = None,
+                  progress: Callable[[str], None] | None = None):
+    """Compact ``topic`` into the Delta table at ``table`` (default: the topic's table).
+
+    ``trigger``: ``"available-now"`` (compact what is there, then return the
+    terminated query) or an interval such as ``"30s"`` (returns the running
+    query). ``checkpoint`` defaults to ``TABLE/_rmq_checkpoints/TOPIC`` so a
+    rerun resumes. ``buckets`` (fixed when the table is created) spreads
+    keys over partitions for point lookups. ``progress`` gets a line per batch.
+    """
+    with Client(endpoints) as client:
+        s = CompactSettings.create(client, endpoints, topic, table, trigger, checkpoint,
+                                   buckets, max_offsets_per_trigger)
+        starting = None
+        if _checkpoint.latest_batch(s.checkpoint, "offsets") is None:
+            # A new checkpoint resumes at the compaction watermark. Starting lower is
+            # safe too: the MERGE never lets an older record replace a newer one.
+            info = client.describe_topic(topic)["queue_info"]
+            starting = {str(q["queue"]): q["compacted"] if q.get("compacted", -1) >= 0 else -2
+                        for q in info}
+    buckets_now = _ensure_table(spark, s)
+    say = progress or (lambda line: log.info("%s", line))
+    writer = _BatchWriter(s, buckets_now, say)
+    reader = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
+              .option("topic", topic).option("readArchive", "false"))
+    if starting:
+        reader = reader.option("startingOffsets", json.dumps({topic: starting}))
+    if s.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
+    w = (reader.load().writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
+         .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
+    with session_conf(spark, {"spark.sql.session.timeZone": "UTC"}):
+        query = w.start()
+    if s.available_now:
+        query.awaitTermination()
+    return query
+
+
+def _ensure_table(spark, s: CompactSettings) -> int:
+    """Create the table unless it exists; the bucket count it was created with."""
+    from delta.tables import DeltaTable
+    schema = spark.createDataFrame([], TABLE_DDL).schema
+    (DeltaTable.createIfNotExists(spark).location(s.table).addColumns(schema)
+     .partitionedBy("bucket").property("delta.enableDeletionVectors", "false")
+     .property(BUCKETS_PROPERTY, str(s.buckets)).execute())
+    props = DeltaTable.forPath(spark, s.table).detail().collect()[0]["properties"] or {}
+    got = DeltaTable.forPath(spark, s.table).toDF().schema
+    if [f.name for f in got] != [f.name for f in schema]:
+        raise CompactionConfigError(f"Delta table {s.table} is not a compacted table: its "
+                                    f"schema is {got.simpleString()}, expected {TABLE_DDL}")
+    return int(props.get(BUCKETS_PROPERTY, s.buckets))
+
+
+class _BatchWriter:
+    """The foreachBatch function: reduce, MERGE (idempotent on batch id), watermark."""
+
+    def __init__(self, s: CompactSettings, buckets: int, say: Callable[[str], None]):
+        self.s, self.buckets, self.say = s, buckets, say
+        self._app_id: str | None = None
+
+    def __call__(self, df, batch_id: int) -> None:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        spark = df.sparkSession
+        if self._app_id is None:
+            self._app_id = "rmq-compact:" + _checkpoint.query_id(self.s.checkpoint)
+        cols = [F.col(c) for c in _MESSAGE_COLUMNS]
+        latest = (df.where(F.col("key").isNotNull()).groupBy("key")
+                  .agg(F.max_by(F.struct(*cols), F.struct("queue", "offset")).alias("r"))
+                  .select("r.*")
+                  .withColumn("bucket", F.pmod(F.crc32("key"), F.lit(self.buckets)).cast("int")))
+        with session_conf(spark, {_TXN_APP_ID: self._app_id, _TXN_VERSION: str(batch_id)}):
+            (DeltaTable.forPath(spark, self.s.table).alias("t")
+             .merge(latest.alias("s"), "t.bucket = s.bucket AND t.key = s.key")
+             .whenMatchedDelete(f"s.value IS NULL AND {_NEWER}")
+             .whenMatchedUpdateAll(f"s.value IS NOT NULL AND {_NEWER}")
+             .whenNotMatchedInsertAll("s.value IS NOT NULL")
+             .execute())
+        end = _checkpoint.batch_end(self.s.checkpoint, batch_id, self.s.topic)
+        if end:
+            with Client(self.s.endpoints) as client:
+                client.set_watermark(self.s.topic, "compaction", end)
+        self.say(f"compact {self.s.topic}: batch {batch_id} merged, compacted to "
+                 + " ".join(f"q{q}={o}" for q, o in sorted(end.items())))
