@@ -136,13 +136,15 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         cfg = self.node.topic(request.name)
         archived = self.node.meta.watermark(cfg["name"], "archive")
         archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
+        compacted = self.node.meta.watermark(cfg["name"], "compaction")
         resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg))
         for q in range(cfg["queues"]):
             g, ql = self.node.queue_log(cfg, q)
             resp.queues.add(queue=q, group=g, earliest=ql.earliest if ql else 0,
                             latest=ql.next_offset if ql else 0, size_bytes=ql.size_bytes if ql else 0,
                             protected_offset=archived.get(q, -1), leader=self.node.leader_of(g) or "",
-                            archive_earliest=archive_earliest.get(q, -1))
+                            archive_earliest=archive_earliest.get(q, -1),
+                            compacted=compacted.get(q, -1))
         return resp
 
     # ---------------------------------------------------------------- produce

@@ -214,7 +214,7 @@ class Client:
         d = _cfg_dict(resp.config)
         d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
                                 size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,
-                                archive_earliest=q.archive_earliest)
+                                archive_earliest=q.archive_earliest, compacted=q.compacted)
                            for q in resp.queues]
         return d
 
