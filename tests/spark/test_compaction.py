@@ -10,7 +10,7 @@ import random
 import pytest
 
 from rmq_spark.client import Message
-from rmq_spark.compaction import CompactedTable, CompactionConfigError, compact_topic
+from rmq_spark.compaction import CompactedTable, CompactionConfigError, KeyLookup, compact_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -119,3 +119,23 @@ def test_bad_arguments_change_nothing(spark, client, endpoints, tmp_path):
         compact_topic(spark, endpoints, "c-bad", str(tmp_path / "t"), trigger="soon")
     assert client.describe_topic("c-bad")["tier"] == ""
     assert not (tmp_path / "t").exists()
+
+
+def test_lookup_sees_the_hot_tail_before_the_table(spark, client, endpoints, compact):
+    topic, table = compact
+    client.produce(topic, [Message(b"a1", key=b"a"), Message(b"b1", key=b"b")], queue=0)
+    compact_topic(spark, endpoints, topic, table)
+    assert client.describe_topic(topic)["queue_info"][0]["compacted"] == 2
+    client.produce(topic, [Message(b"a2", key=b"a"), Message(b"c1", key=b"c")], queue=0)
+    look = KeyLookup(client, topic)
+    assert look.latest(b"a").value == b"a2"          # the tail is newer than the table
+    assert look.latest(b"b").value == b"b1"          # only in the table
+    assert look.latest(b"c").value == b"c1"          # only in the tail
+    assert look.latest(b"zz") is None
+    assert [(r.key, r.value) for r in look.scan(b"")] == [(b"a", b"a2"), (b"b", b"b1"),
+                                                          (b"c", b"c1")]
+    compact_topic(spark, endpoints, topic)
+    assert CompactedTable(table).get(b"a").value == b"a2"
+    with pytest.raises(CompactionConfigError, match="cleanup policy"):
+        client.create_topic("plain-for-lookup", queues=1)
+        KeyLookup(client, "plain-for-lookup")
