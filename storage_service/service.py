@@ -242,8 +242,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                                f"{self.node.config.max_batch_bytes} bytes")
         if cfg["cleanup_policy"] == "compact" and not cols.key_valid.all():
             i = int((cols.key_valid == 0).argmax())
-            raise invalid(f"message {i} has no key: topic {cfg['name']!r} is compacted "
-                          "and every message needs a key")
+            raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
+                          f"a key (message {i} of the batch has none)")
 
     @staticmethod
     def _result(queue, res):

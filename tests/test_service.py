@@ -9,6 +9,7 @@ import pytest
 
 from rmq_spark.client import (Client, InvalidArgument, Message, NotFound, NotLeader, OutOfRange,
                               ResourceExhausted)
+from rmq_spark.client.client import to_pb as client_to_pb
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 
 from .conftest import wait_until
@@ -369,3 +370,33 @@ def test_produce_batches_retry_is_deduplicated(client, topic):
     assert not first.outcomes[0].result.duplicate and again.outcomes[0].result.duplicate
     assert again.outcomes[0].result.base_offset == first.outcomes[0].result.base_offset == 0
     assert client.offsets(topic)[0].latest == 2
+
+
+def _keyless_at_3(n: int = 5) -> list[Message]:
+    return [Message(value=f"v{i}".encode(), key=None if i == 3 else f"k{i}".encode()) for i in range(n)]
+
+
+@pytest.mark.parametrize("path", ["records", "messages", "spread", "batches"])
+def test_compact_topic_refuses_a_keyless_message_and_writes_nothing_of_the_batch(client, path):
+    name = f"compact-keyless-{path}"
+    client.create_topic(name, queues=2, cleanup_policy="compact")
+    msgs = _keyless_at_3()
+    want = (f"topic '{name}' has cleanup policy compact: every message needs a key "
+            "(message 3 of the batch has none)")
+    with pytest.raises(InvalidArgument) as exc:
+        if path == "records":            # columnar block: key_valid of the block is checked
+            client.produce(name, msgs, queue=0)
+        elif path == "messages":         # protobuf messages to an explicit queue
+            client.call("Produce", rmq_pb2.ProduceRequest(
+                topic=name, queue=1, messages=[client_to_pb(m) for m in msgs]),
+                group=client.group_of(name, 1))
+        elif path == "spread":           # queue=-1: the service picks queues by key hash
+            client.produce(name, msgs)
+        else:
+            client.produce_batches([(name, 0, msgs[:2]), (name, 1, msgs)])
+    assert want in str(exc.value)
+    if path == "batches":                # the good batch of the call is stored, the bad one not
+        assert [o.latest for o in client.offsets(name)] == [2, 0]
+    else:
+        assert [o.latest for o in client.offsets(name)] == [0, 0]
+    client.produce(name, [Message(value=b"v", key=b"k")], queue=0)   # keyed messages pass
