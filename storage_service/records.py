@@ -7,7 +7,8 @@ Python steps. Layout for n records (little-endian, no padding)::
 
     offset_delta  u32[n]      offset - batch base offset (gaps after compaction)
     born_ts       i64[n]      producer timestamp, ms
-    key_valid     u8[n]       1 if the message has a key
+    flags         u8[n]       bit0 (FLAG_KEY): has a key; bit1 (FLAG_NULL_VALUE): the
+                              value is null, a tombstone (its value bytes are empty)
     key_off       i32[n+1]    key_data      bytes
     value_off     i32[n+1]    value_data    bytes
     tags_off      i32[n+1]    tags_data     utf-8
@@ -17,6 +18,10 @@ Python steps. Layout for n records (little-endian, no padding)::
 
 Every ``*_off`` array starts at 0 and is non-decreasing; its last value is the
 length of the data that follows it (``m`` = prop_off[n]).
+
+The flags byte was ``key_valid`` (0/1) before tombstones existed: stored
+blocks read the same, since bit0 kept its meaning and bit1 was never set.
+A null value (Kafka's delete marker) and an empty value are different things.
 """
 from __future__ import annotations
 
@@ -26,11 +31,15 @@ from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Columns", "encode", "parse", "last_delta", "min_block_size", "iter_rows", "select"]
+__all__ = ["Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "encode", "parse", "last_delta", "min_block_size",
+           "iter_rows", "select"]
 
 _I32 = np.dtype("<i4")
 _U32 = np.dtype("<u4")
 _I64 = np.dtype("<i8")
+FLAG_KEY = 1
+FLAG_NULL_VALUE = 2
+_KNOWN_FLAGS = FLAG_KEY | FLAG_NULL_VALUE
 
 
 @dataclass(frozen=True)
@@ -39,7 +48,7 @@ class Columns:
     n: int
     offset_delta: np.ndarray
     born_ts: np.ndarray
-    key_valid: np.ndarray
+    flags: np.ndarray
     key_off: np.ndarray
     key_data: memoryview
     value_off: np.ndarray
@@ -52,6 +61,14 @@ class Columns:
     pv_off: np.ndarray
     pv_data: memoryview
     size: int                      # bytes of the block
+
+    def has_key(self) -> np.ndarray:
+        """bool[n]: the message has a key (possibly empty)."""
+        return (self.flags & FLAG_KEY) != 0
+
+    def value_null(self) -> np.ndarray:
+        """bool[n]: the value is null (a tombstone), not merely empty."""
+        return (self.flags & FLAG_NULL_VALUE) != 0
 
     def message_sizes(self) -> np.ndarray:
         """Bytes of each message's key + value + tags + properties."""
@@ -71,18 +88,37 @@ def _column(items: Sequence[bytes]) -> tuple[bytes, bytes]:
     return _offsets(map(len, items)), data
 
 
-def encode(values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+def _flags(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None) -> bytes:
+    """The flags column; no pass per message when no key is set and no value is null."""
+    n = len(values)
+    has_keys = keys is not None and any(k is not None for k in keys)
+    has_nulls = None in values
+    if not has_keys and not has_nulls:
+        return bytes(n)
+    flags = np.zeros(n, np.uint8)
+    if has_keys:
+        flags |= np.fromiter((k is not None for k in keys), np.uint8, n) * np.uint8(FLAG_KEY)
+    if has_nulls:
+        flags |= np.fromiter((v is None for v in values), np.uint8, n) * np.uint8(FLAG_NULL_VALUE)
+    return flags.tobytes()
+
+
+def encode(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
            tags: Sequence[str] | None = None, properties: Sequence[Mapping[str, str]] | None = None,
            born_ts: Sequence[int] | None = None, offset_deltas: Sequence[int] | None = None) -> bytes:
-    """Encode n messages given as columns (None columns mean empty/absent)."""
+    """Encode n messages given as columns (None columns mean empty/absent).
+
+    A ``None`` in ``values`` is a null value (a tombstone), stored with no bytes.
+    """
     n = len(values)
-    # The common producer batch has no keys, tags or properties: those columns
-    # are checked once and encoded without a pass per message.
+    # The common producer batch has no keys, tags, properties or null values:
+    # those columns are checked once and encoded without a pass per message.
+    flags = _flags(values, keys)
     if keys is None or not any(k is not None for k in keys):
-        key_valid, key_col = bytes(n), (bytes(4 * (n + 1)), b"")
+        key_col = (bytes(4 * (n + 1)), b"")
     else:
-        key_valid = bytes(0 if k is None else 1 for k in keys)
         key_col = _column([k or b"" for k in keys])
+    value_col = _column([v or b"" for v in values]) if None in values else _column(values)
     if tags is None or not any(tags):
         tags_col = (bytes(4 * (n + 1)), b"")
     else:
@@ -96,7 +132,7 @@ def encode(values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
     parts = [
         np.asarray(offset_deltas if offset_deltas is not None else range(n), dtype=_U32).tobytes(),
         np.asarray(born_ts if born_ts is not None else [0] * n, dtype=_I64).tobytes(),
-        key_valid, *key_col, *_column(values), *tags_col, *prop_cols,
+        flags, *key_col, *value_col, *tags_col, *prop_cols,
     ]
     return b"".join(parts)
 
@@ -157,10 +193,22 @@ def _check_utf8(what: str, off: np.ndarray, data: memoryview) -> None:
         raise ValueError(f"records block: a {what} starts inside a UTF-8 character")
 
 
+def _check_flags(flags: np.ndarray, value_off: np.ndarray) -> None:
+    unknown = (flags & ~np.uint8(_KNOWN_FLAGS)) != 0
+    if unknown.any():
+        i = int(unknown.argmax())
+        raise ValueError(f"records block: message {i} has unknown flag bits 0x{int(flags[i]):02x} "
+                         f"(known: 0x{FLAG_KEY:02x} key, 0x{FLAG_NULL_VALUE:02x} null value)")
+    bad = ((flags & FLAG_NULL_VALUE) != 0) & (np.diff(value_off) != 0)
+    if bad.any():
+        raise ValueError(f"records block: message {int(bad.argmax())} has a null value "
+                         "but value bytes")
+
+
 def parse(block, n: int) -> Columns:
     """Parse and check a records block of n records; ValueError if malformed."""
     r = _Reader(block, n)
-    delta, born, valid = r.array(_U32, n), r.array(_I64, n), r.array(np.dtype("u1"), n)
+    delta, born, flags = r.array(_U32, n), r.array(_I64, n), r.array(np.dtype("u1"), n)
     key_off = r.offsets(n, "key")
     key_data = r.data(key_off)
     value_off = r.offsets(n, "value")
@@ -177,23 +225,24 @@ def parse(block, n: int) -> Columns:
         raise ValueError(f"records block has {len(r.mv) - r.pos} trailing bytes")
     if n > 1 and np.any(delta[1:] <= delta[:-1]):
         raise ValueError("records block: offset deltas are not strictly increasing")
+    _check_flags(flags, value_off)
     for what, off, data in (("tags", tags_off, tags_data), ("property key", pk_off, pk_data),
                             ("property value", pv_off, pv_data)):
         _check_utf8(what, off, data)
-    return Columns(n, delta, born, valid, key_off, key_data, value_off, value_data, tags_off,
+    return Columns(n, delta, born, flags, key_off, key_data, value_off, value_data, tags_off,
                    tags_data, prop_off, pk_off, pk_data, pv_off, pv_data, r.pos)
 
 
-def iter_rows(c: Columns) -> Iterator[tuple[int, bytes | None, bytes, str, dict, int]]:
+def iter_rows(c: Columns) -> Iterator[tuple[int, bytes | None, bytes | None, str, dict, int]]:
     """(offset_delta, key, value, tags, properties, born_ts) per record, in Python."""
     ko, vo, to, po, pko, pvo = (a.tolist() for a in (c.key_off, c.value_off, c.tags_off,
                                                       c.prop_off, c.pk_off, c.pv_off))
-    valid, deltas, born = c.key_valid.tolist(), c.offset_delta.tolist(), c.born_ts.tolist()
+    flags, deltas, born = c.flags.tolist(), c.offset_delta.tolist(), c.born_ts.tolist()
     for i in range(c.n):
         props = {bytes(c.pk_data[pko[j]:pko[j + 1]]).decode(): bytes(c.pv_data[pvo[j]:pvo[j + 1]]).decode()
                  for j in range(po[i], po[i + 1])}
-        yield (deltas[i], bytes(c.key_data[ko[i]:ko[i + 1]]) if valid[i] else None,
-               bytes(c.value_data[vo[i]:vo[i + 1]]), bytes(c.tags_data[to[i]:to[i + 1]]).decode(),
+        yield (deltas[i], bytes(c.key_data[ko[i]:ko[i + 1]]) if flags[i] & FLAG_KEY else None,
+               None if flags[i] & FLAG_NULL_VALUE else bytes(c.value_data[vo[i]:vo[i + 1]]), bytes(c.tags_data[to[i]:to[i + 1]]).decode(),
                props, born[i])
 
 

@@ -74,8 +74,12 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
 
 
 def messages_to_block(msgs) -> bytes:
-    """Protobuf messages -> a columnar records block."""
-    return records.encode([m.value for m in msgs], [m.key if m.HasField("key") else None for m in msgs],
+    """Protobuf messages -> a columnar records block (``null_value`` -> a tombstone)."""
+    for i, m in enumerate(msgs):
+        if m.null_value and m.value:
+            raise invalid(f"message {i} has null_value set and {len(m.value)} value bytes: "
+                          "a tombstone has no value")
+    return records.encode([None if m.null_value else m.value for m in msgs], [m.key if m.HasField("key") else None for m in msgs],
                           [m.tags for m in msgs], [m.properties for m in msgs],
                           [m.born_timestamp for m in msgs])
 
@@ -240,8 +244,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"request carries {cols.size} bytes; the batch limit is "
                                f"{self.node.config.max_batch_bytes} bytes")
-        if cfg["cleanup_policy"] == "compact" and not cols.key_valid.all():
-            i = int((cols.key_valid == 0).argmax())
+        keyless = ~cols.has_key()
+        if cfg["cleanup_policy"] == "compact" and keyless.any():
+            i = int(keyless.argmax())
             raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
                           f"a key (message {i} of the batch has none)")
 

@@ -400,3 +400,39 @@ def test_compact_topic_refuses_a_keyless_message_and_writes_nothing_of_the_batch
     else:
         assert [o.latest for o in client.offsets(name)] == [0, 0]
     client.produce(name, [Message(value=b"v", key=b"k")], queue=0)   # keyed messages pass
+
+
+@pytest.mark.parametrize("path", ["records", "messages", "spread", "batches"])
+def test_tombstone_null_value_stays_distinct_from_an_empty_value(client, path):
+    name = f"tombstones-{path}"
+    client.create_topic(name, queues=1, cleanup_policy="compact")
+    msgs = [Message(value=b"v", key=b"a"), Message(value=None, key=b"a"), Message(value=b"", key=b"b")]
+    if path == "records":
+        client.produce(name, msgs, queue=0)
+    elif path == "messages":
+        client.call("Produce", rmq_pb2.ProduceRequest(topic=name, queue=0,
+                                                      messages=[client_to_pb(m) for m in msgs]),
+                    group=client.group_of(name, 0))
+    elif path == "spread":
+        client.produce(name, msgs)
+    else:
+        client.produce_batches([(name, 0, msgs)])
+    recs = client.fetch(name, 0, 0).records
+    assert [(r.key, r.value) for r in sorted(recs, key=lambda r: r.offset)] == \
+        [(b"a", b"v"), (b"a", None), (b"b", b"")]
+    batch, *_ = client.fetch_arrow(name, 0, 0)
+    assert batch.column("value").to_pylist() == [b"v", None, b""]
+    assert batch.column("value").null_count == 1
+
+
+def test_tombstone_without_a_key_is_allowed_on_a_delete_topic(client, topic):
+    [res] = client.produce(topic, [Message(value=None), Message(value=b"")], queue=2)
+    assert [r.value for r in client.fetch(topic, 2, res.base_offset).records] == [None, b""]
+
+
+def test_null_value_with_value_bytes_is_refused_over_the_wire(client, topic):
+    bad = rmq_pb2.Message(value=b"x", null_value=True)
+    with pytest.raises(InvalidArgument, match="message 0 has null_value set and 1 value bytes"):
+        client.call("Produce", rmq_pb2.ProduceRequest(topic=topic, queue=0, messages=[bad]),
+                    group=client.group_of(topic, 0))
+    assert client.offsets(topic)[0].latest == 0

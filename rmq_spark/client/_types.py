@@ -8,8 +8,9 @@ __all__ = ["Message", "Record", "ProduceResult", "FetchResult", "QueueOffsets", 
 
 @dataclass
 class Message:
-    """A message to produce. ``value`` is required; the rest is optional."""
-    value: bytes
+    """A message to produce. ``value=None`` is a tombstone (Kafka's delete
+    marker, kept distinct from an empty value); the rest is optional."""
+    value: bytes | None
     key: bytes | None = None
     tags: str = ""
     properties: dict[str, str] = field(default_factory=dict)
@@ -23,7 +24,7 @@ class Record:
     queue: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None          # None: a tombstone
     tags: str
     properties: dict[str, str]
     born_timestamp: int

@@ -3,7 +3,8 @@
 The schema is the Spark source's (``SCHEMA`` below). Each stored batch's
 columnar records block maps onto Arrow buffers directly: value/key/tags
 offsets and data become binary/string arrays, properties a map array,
-offsets and timestamps are numpy arithmetic on the batch header.
+offsets and timestamps are numpy arithmetic on the batch header. A tombstone
+(null value) is a null ``value`` cell, an absent key a null ``key`` cell.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _var(typ, n: int, off: np.ndarray, data, validity: pa.Buffer | None = None) 
     return pa.Array.from_buffers(typ, n, [validity, _buf(off), _buf(data)])
 
 
+def _validity(valid: np.ndarray) -> pa.Buffer | None:
+    """An Arrow validity bitmap, or None when every slot is valid."""
+    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
 def _constant_strings(text: str, n: int) -> pa.Array:
     raw = text.encode()
     off = np.arange(n + 1, dtype=np.int32) * len(raw)
@@ -56,13 +62,13 @@ def _msg_ids(topic: str, queue: int, offsets: np.ndarray) -> pa.Array:
 def _block_to_arrow(h: codec.BatchHeader, c: records.Columns, topic: str, queue: int) -> pa.RecordBatch:
     n = c.n
     offsets = h.base_offset + c.offset_delta.astype(np.int64)
-    key_valid = None if c.key_valid.all() else pa.py_buffer(np.packbits(c.key_valid, bitorder="little"))
+    key_valid, value_valid = _validity(c.has_key()), _validity(~c.value_null())
     props = pa.MapArray.from_arrays(pa.array(c.prop_off, pa.int32()),
                                     _var(pa.string(), len(c.pk_off) - 1, c.pk_off, c.pk_data),
                                     _var(pa.string(), len(c.pv_off) - 1, c.pv_off, c.pv_data))
     cols = [
         _var(pa.binary(), n, c.key_off, c.key_data, key_valid),
-        _var(pa.binary(), n, c.value_off, c.value_data),
+        _var(pa.binary(), n, c.value_off, c.value_data, value_valid),
         _constant_strings(topic, n),
         pa.array(np.full(n, queue, np.int32)),
         pa.array(offsets),

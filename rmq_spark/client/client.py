@@ -56,14 +56,16 @@ def normalize(m: MessageLike, now_ms: int) -> Message:
         return Message(value=_as_bytes(m), born_timestamp=now_ms)
     if isinstance(m, dict):
         m = Message(**m)
-    return Message(value=_as_bytes(m.value), key=None if m.key is None else _as_bytes(m.key),
+    value = None if m.value is None else _as_bytes(m.value)     # None: a tombstone
+    return Message(value=value, key=None if m.key is None else _as_bytes(m.key),
                    tags=m.tags or "", properties={str(k): str(v) for k, v in (m.properties or {}).items()},
                    born_timestamp=m.born_timestamp or now_ms)
 
 
 def to_pb(m: MessageLike) -> rmq_pb2.Message:
     n = normalize(m, int(time.time() * 1000))
-    pb = rmq_pb2.Message(value=n.value, tags=n.tags, properties=n.properties, born_timestamp=n.born_timestamp)
+    pb = rmq_pb2.Message(value=n.value or b"", null_value=n.value is None, tags=n.tags,
+                         properties=n.properties, born_timestamp=n.born_timestamp)
     if n.key is not None:
         pb.key = n.key
     return pb

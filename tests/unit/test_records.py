@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 # code of one element (None: raw bytes). Tests build blocks from these parts
 # by hand, so a malformed block is "a valid one with one section changed".
 SECTIONS = {
-    "offset_delta": "I", "born_ts": "q", "key_valid": "B",
+    "offset_delta": "I", "born_ts": "q", "flags": "B",
     "key_off": "i", "key_data": None,
     "value_off": "i", "value_data": None,
     "tags_off": "i", "tags_data": None,
@@ -29,7 +29,7 @@ OFFSET_SECTIONS = {"key_off": "key", "value_off": "value", "tags_off": "tags", "
 # Two records: (key b"k1", value b"abc", tags "x", {"p": "vv", "q": "w"}, born 5)
 # and (no key, empty value, tags "y", no properties, born 6).
 SAMPLE = {
-    "offset_delta": [0, 1], "born_ts": [5, 6], "key_valid": [1, 0],
+    "offset_delta": [0, 1], "born_ts": [5, 6], "flags": [1, 0],
     "key_off": [0, 2, 2], "key_data": b"k1",
     "value_off": [0, 3, 3], "value_data": b"abc",
     "tags_off": [0, 1, 2], "tags_data": b"xy",
@@ -104,8 +104,8 @@ def test_parsed_columns_are_arrays_of_the_documented_types():
     cols = parse(encode(**RICH), 4)
     assert cols.offset_delta.tolist() == RICH["offset_deltas"]
     assert cols.born_ts.tolist() == RICH["born_ts"]
-    assert cols.key_valid.tolist() == [0, 1, 1, 0]
-    assert (cols.offset_delta.dtype, cols.born_ts.dtype, cols.key_valid.dtype) == \
+    assert cols.flags.tolist() == [0, 1, 1, 0]
+    assert (cols.offset_delta.dtype, cols.born_ts.dtype, cols.flags.dtype) == \
         (np.dtype("<u4"), np.dtype("<i8"), np.dtype("u1"))
     assert bytes(cols.value_data) == b"".join(RICH["values"])
     assert cols.value_off.tolist() == [0, 0, 8, 1008, 1012]
@@ -310,7 +310,8 @@ def test_text_that_is_not_utf8_is_an_error(section, data):
 
 
 def test_all_names_are_exported():
-    assert set(records.__all__) == {"Columns", "encode", "parse", "last_delta", "iter_rows", "select", "min_block_size"}
+    assert set(records.__all__) == {"Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "encode", "parse", "last_delta",
+                                    "iter_rows", "select", "min_block_size"}
 
 
 @pytest.mark.parametrize("keys, tags, props", [
@@ -327,3 +328,40 @@ def test_columns_without_data_encode_like_columns_given_item_by_item(keys, tags,
     assert [r[1] for r in rows] == (keys or [None] * 3)
     assert [r[3] for r in rows] == (tags or [""] * 3)
     assert [r[4] for r in rows] == (props or [{}] * 3)
+
+
+# ---------------------------------------------------------------- tombstones
+
+def test_null_value_round_trips_distinct_from_an_empty_value():
+    block = encode([None, b"", b"v", None], keys=[b"a", b"b", None, None], born_ts=[1, 2, 3, 4])
+    cols = parse(block, 4)
+    assert cols.flags.tolist() == [3, 1, 0, 2]
+    assert cols.has_key().tolist() == [True, True, False, False]
+    assert cols.value_null().tolist() == [True, False, False, True]
+    assert cols.value_off.tolist() == [0, 0, 0, 1, 1]          # a null value takes no bytes
+    assert [(r[1], r[2]) for r in iter_rows(cols)] == [(b"a", None), (b"b", b""), (None, b"v"),
+                                                       (None, None)]
+
+
+def test_blocks_from_before_tombstones_read_the_same():
+    # Stored blocks have flags 0/1 only (the old key_valid byte): bit0 is still "has a key".
+    assert list(iter_rows(parse(_block(), 2))) == SAMPLE_ROWS
+    assert not parse(_block(), 2).value_null().any()
+
+
+def test_select_keeps_tombstones():
+    block = encode([b"x", None, b""], keys=[b"k", b"k", b"j"], offset_deltas=[0, 1, 2])
+    out = select(parse(block, 3), [1, 2])
+    assert [(r[0], r[1], r[2]) for r in iter_rows(parse(out, 2))] == [(1, b"k", None), (2, b"j", b"")]
+
+
+@pytest.mark.parametrize("flags", [[1, 4], [0x81, 0], [0xFF, 0]])
+def test_unknown_flag_bits_are_an_error(flags):
+    with pytest.raises(ValueError, match="unknown flag bits"):
+        parse(_block(flags=flags), 2)
+
+
+def test_a_null_value_with_value_bytes_is_an_error():
+    with pytest.raises(ValueError, match="message 0 has a null value but value bytes"):
+        parse(_block(flags=[3, 0]), 2)          # record 0 holds b"abc"
+    assert [r[2] for r in iter_rows(parse(_block(flags=[1, 2]), 2))] == [b"abc", None]
