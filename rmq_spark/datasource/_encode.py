@@ -3,8 +3,9 @@
 The records block (``storage_service/records.py``) stores each variable-size
 column as int32 offsets + bytes, which is exactly Arrow's binary layout, so
 a block is a concatenation of (rebased) Arrow buffers. The input is a
-*normalized* batch (``normalize``): value binary (not null), key binary
-(nullable), tags string, properties map<string,string>, born int64 ms.
+*normalized* batch (``normalize``): value binary (nullable: a null value is a
+tombstone), key binary (nullable), tags string, properties map<string,string>,
+born int64 ms.
 """
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from storage_service.records import FLAG_KEY, FLAG_NULL_VALUE
+
 __all__ = ["NORMALIZED", "normalize_columns", "encode_block", "row_sizes"]
 
 NORMALIZED = pa.schema([("value", pa.binary()), ("key", pa.binary()), ("tags", pa.string()),
                         ("properties", pa.map_(pa.string(), pa.string())),
                         ("born", pa.int64())])
 _I32 = np.dtype("<i4")
-_ROW_OVERHEAD = 32   # offset delta, born ts, key flag and five offsets per row in the block
+_ROW_OVERHEAD = 32   # offset delta, born ts, flags and five offsets per row in the block
 
 
 def _binary(arr: pa.Array, typ: pa.DataType = pa.binary()) -> pa.Array:
@@ -81,16 +84,28 @@ def _map_parts(props: pa.MapArray) -> list:
     return [(off - lo).tobytes(), *_var_part(keys), *_var_part(items)]
 
 
+def _flags(key: pa.Array, value: pa.Array) -> np.ndarray:
+    """records' flags column: FLAG_KEY for a non-null key, FLAG_NULL_VALUE for a null value."""
+    flags = key.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8) * np.uint8(FLAG_KEY)
+    if value.null_count:
+        flags |= value.is_null().to_numpy(zero_copy_only=False).astype(np.uint8) * np.uint8(FLAG_NULL_VALUE)
+    return flags
+
+
+def _without_nulls(arr: pa.Array) -> pa.Array:
+    """Null cells -> empty ones: the block stores no bytes for them (Arrow may hold some)."""
+    return pc.if_else(arr.is_valid(), arr, pa.scalar(b"", pa.binary())) if arr.null_count else arr
+
+
 def encode_block(batch: pa.RecordBatch) -> bytes:
     """A normalized batch -> records block (``storage_service.records`` layout)."""
     n = batch.num_rows
     value, key, tags, props, born = batch.columns
-    valid = key.is_valid().to_numpy(zero_copy_only=False).astype(np.uint8)
-    if key.null_count:
-        key = pc.if_else(key.is_valid(), key, pa.scalar(b"", pa.binary()))
+    flags = _flags(key, value)
     parts = [np.arange(n, dtype="<u4").tobytes(),
              born.to_numpy(zero_copy_only=False).astype("<i8").tobytes(),
-             valid.tobytes(), *_var_part(key), *_var_part(value), *_var_part(tags),
+             flags.tobytes(), *_var_part(_without_nulls(key)), *_var_part(_without_nulls(value)),
+             *_var_part(tags),
              *_map_parts(props)]
     return b"".join(parts)
 

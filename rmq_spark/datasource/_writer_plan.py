@@ -15,7 +15,7 @@ from rmq_spark.client import Client, NotFound
 
 from ._encode import normalize_columns
 from ._options import WriteOptions
-from .errors import OptionError, SinkError
+from .errors import OptionError
 
 __all__ = ["SinkPlan"]
 
@@ -81,12 +81,8 @@ class SinkPlan:
         return batch.column(name) if name in self.columns else None
 
     def normalized(self, batch: pa.RecordBatch, now_ms: int) -> pa.RecordBatch:
-        value = batch.column("value")
-        if value.null_count:
-            first = value.is_null().to_pylist().index(True)
-            raise SinkError(f"value is null in row {first} of an input batch; every message "
-                            "needs a value (use an empty string or bytes)")
-        return normalize_columns(value, self._col(batch, "key"), self._col(batch, "tags"),
+        # A null value cell is a tombstone (Kafka's delete marker); the column itself is required.
+        return normalize_columns(batch.column("value"), self._col(batch, "key"), self._col(batch, "tags"),
                                  self._col(batch, "properties"),
                                  self._col(batch, "born_timestamp"), now_ms)
 

@@ -90,3 +90,18 @@ def test_stream_sink_replayed_batch_is_applied_once(spark, client, endpoints, to
     assert replayed and replayed[0]["numInputRows"] == 100   # the batch really ran again
     assert sum(o.latest for o in client.offsets(dst)) == 300
     assert sorted(values(reader(spark, endpoints, dst))) == sorted(sent)
+
+
+def test_null_value_cell_writes_a_tombstone_read_back_as_null(spark, client, endpoints, topic):
+    df = spark.createDataFrame([(b"a", "x", 0), (b"a", None, 0), (b"b", "", 0)],
+                               "key binary, value string, queue int").coalesce(1)   # one task: order kept
+    df.write.format("rocketmq").option("endpoints", endpoints).option("topic", topic) \
+        .mode("append").save()
+    assert [(r.key, r.value) for r in client.fetch(topic, 0, 0).records] == \
+        [(b"a", b"x"), (b"a", None), (b"b", b"")]           # null and empty stay distinct
+    rows = reader(spark, endpoints, topic).orderBy("offset").select("key", "value").collect()
+    assert [(bytes(r.key), None if r.value is None else bytes(r.value)) for r in rows] == \
+        [(b"a", b"x"), (b"a", None), (b"b", b"")]
+    with pytest.raises(Exception, match="needs a 'value' column"):   # the column stays required
+        df.select("key").write.format("rocketmq").option("endpoints", endpoints) \
+            .option("topic", topic).mode("append").save()
