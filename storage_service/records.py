@@ -242,7 +242,8 @@ def iter_rows(c: Columns) -> Iterator[tuple[int, bytes | None, bytes | None, str
         props = {bytes(c.pk_data[pko[j]:pko[j + 1]]).decode(): bytes(c.pv_data[pvo[j]:pvo[j + 1]]).decode()
                  for j in range(po[i], po[i + 1])}
         yield (deltas[i], bytes(c.key_data[ko[i]:ko[i + 1]]) if flags[i] & FLAG_KEY else None,
-               None if flags[i] & FLAG_NULL_VALUE else bytes(c.value_data[vo[i]:vo[i + 1]]), bytes(c.tags_data[to[i]:to[i + 1]]).decode(),
+               None if flags[i] & FLAG_NULL_VALUE else bytes(c.value_data[vo[i]:vo[i + 1]]),
+               bytes(c.tags_data[to[i]:to[i + 1]]).decode(),
                props, born[i])
 
 

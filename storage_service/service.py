@@ -79,7 +79,8 @@ def messages_to_block(msgs) -> bytes:
         if m.null_value and m.value:
             raise invalid(f"message {i} has null_value set and {len(m.value)} value bytes: "
                           "a tombstone has no value")
-    return records.encode([None if m.null_value else m.value for m in msgs], [m.key if m.HasField("key") else None for m in msgs],
+    return records.encode([None if m.null_value else m.value for m in msgs],
+                          [m.key if m.HasField("key") else None for m in msgs],
                           [m.tags for m in msgs], [m.properties for m in msgs],
                           [m.born_timestamp for m in msgs])
 
