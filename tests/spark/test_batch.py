@@ -165,9 +165,10 @@ def test_only_append_mode(spark, endpoints, topic):
         _writer(df, endpoints, topic=topic).save()            # default mode: ErrorIfExists
 
 
-def test_null_value_and_unknown_topic_are_clear_errors(spark, endpoints, topic):
-    with pytest.raises(Exception, match="value is null"):
-        _writer(spark.createDataFrame([(None,)], "value string"), endpoints,
+def test_missing_value_column_and_unknown_topic_are_clear_errors(spark, endpoints, topic):
+    # (A null value cell is a tombstone, see test_sink; a missing column is an error.)
+    with pytest.raises(Exception, match="needs a 'value' column"):
+        _writer(spark.createDataFrame([("k",)], "key string"), endpoints,
                 topic=topic).mode("append").save()
     with pytest.raises(Exception, match="topic 'nope' does not exist"):
         _writer(spark.createDataFrame([("v",)], "value string"), endpoints,

@@ -139,3 +139,37 @@ def test_lookup_sees_the_hot_tail_before_the_table(spark, client, endpoints, com
     with pytest.raises(CompactionConfigError, match="cleanup policy"):
         client.create_topic("plain-for-lookup", queues=1)
         KeyLookup(client, "plain-for-lookup")
+
+
+def test_tombstone_deletes_the_key_and_replay_rebuilds_the_table(spark, client, endpoints,
+                                                                compact, tmp_path):
+    topic, table = compact
+    client.produce(topic, [Message(b"1", key=b"a"), Message(b"1", key=b"b"),
+                           Message(b"1", key=b"c")], queue=0)
+    compact_topic(spark, endpoints, topic, table)
+    client.produce(topic, [Message(None, key=b"a"), Message(b"2", key=b"b")], queue=0)
+    client.produce(topic, [Message(None, key=b"c"), Message(b"3", key=b"c")], queue=1)
+    compact_topic(spark, endpoints, topic)
+    got = _table(spark, table)
+    assert set(got) == {b"b", b"c"} and got[b"b"][0] == b"2" and got[b"c"][0] == b"3"
+    assert KeyLookup(client, topic).latest(b"a") is None
+    client.produce(topic, [Message(None, key=b"b")], queue=0)      # only in the hot tail
+    assert KeyLookup(client, topic).latest(b"b") is None
+    # Replaying the topic from earliest into a fresh table gives the same table.
+    compact_topic(spark, endpoints, topic)
+    other = str(tmp_path / "replayed")
+    client.create_topic(topic + "-r", queues=3, cleanup_policy="compact")
+    rows = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+            .load().orderBy("queue", "offset").collect())
+    for r in rows:
+        client.produce(topic + "-r", [Message(None if r.value is None else bytes(r.value),
+                                              key=bytes(r.key))], queue=r.queue)
+    compact_topic(spark, endpoints, topic + "-r", other)
+    assert {k: v[0] for k, v in _table(spark, other).items()} == \
+        {k: v[0] for k, v in _table(spark, table).items()} == {b"c": b"3"}
+
+
+def test_keyless_produce_to_a_compact_topic_fails(client, compact):
+    topic, _ = compact
+    with pytest.raises(Exception, match="every message needs a key"):
+        client.produce(topic, [Message(b"no key")], queue=0)
