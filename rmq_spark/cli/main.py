@@ -68,11 +68,33 @@ def _parser() -> argparse.ArgumentParser:
     of.add_argument("topic")
     of.add_argument("--json", action="store_true")
 
+    _tier_parser(sub)
+
     cl = sub.add_parser("cluster", help="cluster status")
     cs = cl.add_subparsers(dest="action", required=True)
     st = cs.add_parser("status", help="nodes, groups, leaders, raft indexes")
     st.add_argument("--json", action="store_true")
     return p
+
+
+def _tier_parser(sub) -> None:
+    ti = sub.add_parser("tier", help="archive a topic into Delta/Parquet (Spark streaming job)")
+    ti.add_argument("topic")
+    ti.add_argument("--archive", default=None,
+                    help="archive directory (default: the topic's tier config; recorded there "
+                         "if the topic has none)")
+    ti.add_argument("--format", choices=["delta", "parquet"], default=None,
+                    help="archive format (default: the topic's, else delta)")
+    when = ti.add_mutually_exclusive_group()
+    when.add_argument("--available-now", action="store_true",
+                      help="archive what is there, then stop (the default)")
+    when.add_argument("--trigger", default=None, help="run continuously, a batch every e.g. 30s")
+    ti.add_argument("--checkpoint", default=None,
+                    help="checkpoint directory (default: ARCHIVE/_rmq_checkpoints/TOPIC)")
+    ti.add_argument("--max-offsets-per-trigger", type=int, default=None,
+                    help="at most N messages per micro-batch")
+    ti.add_argument("--vacuum-retain", default="168h",
+                    help="Delta archive retention: VACUUM retain period (default 168h)")
 
 
 # ---------------------------------------------------------------------- topic
@@ -259,8 +281,46 @@ def cmd_cluster(client: Client, a) -> int:
     return 0
 
 
+def cmd_tier(client: Client, a) -> int:
+    """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
+    from ..tiering import AVAILABLE_NOW, TierConfigError, TierSettings, start_tiering, sync_watermark
+
+    try:
+        settings = TierSettings.create(
+            client, a.endpoints, a.topic, a.archive, a.format, a.trigger or AVAILABLE_NOW,
+            a.checkpoint, a.max_offsets_per_trigger,
+            vacuum_retain_hours=parse_duration_ms(a.vacuum_retain) / 3_600_000)
+    except (TierConfigError, ValueError) as e:
+        print(f"rmq tier: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from ..spark import session_builder
+
+    client.close()          # no live gRPC channels while Spark forks its JVM; reopened lazily
+    spark = session_builder("rmq-tier").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"tiering {a.topic} into {settings.tier} (checkpoint {settings.checkpoint})",
+          file=sys.stderr)
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        query = start_tiering(spark, settings, report)
+        if not settings.available_now:
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                query.stop()
+        end = sync_watermark(client, a.topic, settings.checkpoint) or {}
+        print(f"archived {a.topic} to " + (" ".join(f"q{q}={o}" for q, o in sorted(end.items())) or "-"))
+        return 0
+    except Exception as e:        # the query failed; what it committed is in the watermark
+        print(f"rmq tier: tiering {a.topic} failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+
+
 COMMANDS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume,
-            "offsets": cmd_offsets, "cluster": cmd_cluster}
+            "offsets": cmd_offsets, "cluster": cmd_cluster, "tier": cmd_tier}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,144 @@
+"""What one tiering run is: the topic, its archive, the trigger and limits, checked once.
+
+``resolve_tier`` decides the archive from the arguments and the topic's
+``tier`` config (and records it in the topic when the topic has none);
+``TierSettings.create`` checks every argument before anything starts.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from rmq_spark.archive import layout
+from rmq_spark.client import Client, NotFound
+
+from ._checkpoint import local_path
+from .errors import TierConfigError
+
+__all__ = ["TierSettings", "parse_trigger", "resolve_tier", "default_checkpoint",
+           "AVAILABLE_NOW", "DEFAULT_VACUUM_RETAIN_HOURS"]
+
+AVAILABLE_NOW = "available-now"
+DEFAULT_VACUUM_RETAIN_HOURS = 168.0      # Delta's own default (7 days)
+_INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)\s*$", re.IGNORECASE)
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def parse_trigger(text: str) -> dict:
+    """``"available-now"`` or an interval (``500ms``, ``30s``, ``5m``, ``1h``) ->
+    keyword arguments of ``DataStreamWriter.trigger``."""
+    t = str(text).strip().lower()
+    if t in (AVAILABLE_NOW, "availablenow", "available_now"):
+        return {"availableNow": True}
+    m = _INTERVAL.match(t)
+    if not m or int(m.group(1)) == 0:
+        raise TierConfigError(f"trigger {text!r}: use {AVAILABLE_NOW!r} (archive what is there, "
+                              "then stop) or an interval > 0 such as 500ms, 30s, 5m, 1h")
+    return {"processingTime": f"{int(m.group(1)) * _UNIT_MS[m.group(2).lower()]} milliseconds"}
+
+
+def default_checkpoint(tier: layout.Tier, topic: str) -> str:
+    """``ARCHIVE/_rmq_checkpoints/TOPIC``: stable, so a rerun resumes. A name
+    starting with ``_`` is invisible to Delta (VACUUM too) and to Parquet readers."""
+    return os.path.join(tier.path, "_rmq_checkpoints", topic)
+
+
+def resolve_tier(client: Client, topic: str, archive: str | None = None,
+                 format: str | None = None, apply: bool = True) -> layout.Tier:
+    """The archive ``topic`` is tiered to, from the arguments and the topic config.
+
+    No ``archive``: the topic's ``tier`` config (it must have one). An
+    ``archive`` for a topic without a tier config: recorded in the topic
+    (``alter_topic(tier=...)``) when ``apply``. A topic tiered elsewhere:
+    refused, naming both. Nothing is changed when an error is raised.
+    """
+    if format is not None and format not in layout.FORMATS:
+        raise TierConfigError(f"format {format!r}: use one of {', '.join(layout.FORMATS)}")
+    try:
+        cfg = next(t for t in client.list_topics() if t["name"] == topic)
+    except StopIteration:
+        raise TierConfigError(f"topic {topic!r} does not exist (create it with "
+                              "`rmq topic create`)") from None
+    current = layout.parse_tier(cfg["tier"]) if cfg["tier"] else None
+    if archive is None:
+        if current is None:
+            raise TierConfigError(f"topic {topic!r} has no tier config: give the archive "
+                                  "(--archive PATH) or set it with `rmq topic alter "
+                                  f"{topic} --tier delta:PATH`")
+        if format is not None and format != current.format:
+            raise TierConfigError(f"topic {topic!r} is tiered to {current}; format {format!r} "
+                                  "does not match it")
+        return current
+    path = local_path(archive, "archive")
+    wanted = layout.Tier(format or (current.format if current and current.path == path
+                                    else "delta"), path)
+    if current is not None and current != wanted:
+        raise TierConfigError(f"topic {topic!r} is already tiered to {current}, not {wanted}; "
+                              f"tier it there (omit --archive), or change its config first "
+                              f"(`rmq topic alter {topic} --tier {wanted}`)")
+    if wanted.format == "parquet":
+        _check_parquet_owner(client, topic, wanted)
+    if current is None and apply:
+        client.alter_topic(topic, tier=str(wanted))
+    return wanted
+
+
+def _check_parquet_owner(client: Client, topic: str, tier: layout.Tier) -> None:
+    """Spark's file sink numbers its log by batch id and skips ids it has seen:
+    two queries on one path would skip each other's batches. One topic per path."""
+    for t in client.list_topics():
+        other = layout.parse_tier(t["tier"]) if t["tier"] else None
+        if t["name"] != topic and other is not None and other.path == tier.path:
+            raise TierConfigError(f"archive {tier.path} is already the archive of topic "
+                                  f"{t['name']!r}; a Parquet archive takes one topic (Spark's "
+                                  "file sink allows one writer per path): give this topic its "
+                                  "own path, or use a delta archive, which topics can share")
+
+
+@dataclass(frozen=True)
+class TierSettings:
+    """One tiering run, every argument checked (see ``tier_topic`` for their meaning)."""
+    endpoints: str
+    topic: str
+    tier: layout.Tier
+    checkpoint: str
+    trigger: dict
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS
+    retention_check_s: float = 60.0
+
+    @classmethod
+    def create(cls, client: Client, endpoints: str, topic: str, archive: str | None = None,
+               format: str | None = None, trigger: str = AVAILABLE_NOW,
+               checkpoint: str | None = None, max_offsets_per_trigger: int | None = None,
+               fail_on_data_loss: bool = True,
+               vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
+               retention_check_s: float = 60.0) -> "TierSettings":
+        trig = parse_trigger(trigger)
+        if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
+            raise TierConfigError(f"max_offsets_per_trigger {max_offsets_per_trigger}: "
+                                  "use an integer >= 1 (or leave it out: no limit)")
+        if vacuum_retain_hours < 0:
+            raise TierConfigError(f"vacuum retain {vacuum_retain_hours} h: use a number >= 0")
+        if retention_check_s < 0:
+            raise TierConfigError(f"retention check interval {retention_check_s} s: use >= 0")
+        ckpt = local_path(checkpoint, "checkpoint") if checkpoint else None
+        try:
+            tier = resolve_tier(client, topic, archive, format)
+        except NotFound as e:
+            raise TierConfigError(f"topic {topic!r} does not exist") from e
+        return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
+                   max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
+                   retention_check_s)
+
+    @property
+    def available_now(self) -> bool:
+        return bool(self.trigger.get("availableNow"))
+
+    @property
+    def txn_app_prefix(self) -> str:
+        """Delta ``txnAppId`` = prefix + query id: stable across restarts of one
+        checkpoint, new for a new one (whose batch ids start at 0 again)."""
+        return f"rmq-tier/{self.topic}/"

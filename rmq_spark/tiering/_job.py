@@ -1,0 +1,312 @@
+"""The tiering job: ``spark.readStream.format("rocketmq")`` -> Delta/Parquet archive.
+
+One Structured Streaming query per topic. Exactly once into the archive:
+
+* Delta: ``foreachBatch`` appends with ``txnAppId`` = topic + query id and
+  ``txnVersion`` = batch id, so a batch replayed after a kill is skipped by
+  Delta. The query id belongs to the checkpoint: a new checkpoint (whose
+  batch ids restart at 0) gets a new app id.
+* Parquet: Spark's file stream sink; its ``_spark_metadata`` log is the
+  commit record (a new checkpoint continues the log's batch numbering, see
+  ``_checkpoint.seed``).
+
+The read starts at or above the ``archive`` watermark and reads the hot log
+only (``readArchive=false``). After each committed batch a monitor (the
+caller's thread for ``available-now``, a daemon thread otherwise) moves the
+watermark to the batch's end, prints a progress line and, for Parquet, runs
+archive retention; Delta's retention runs inside ``foreachBatch``, between
+appends, so a DELETE never races an append.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from typing import Callable
+
+from rmq_spark.archive import layout
+from rmq_spark.client import Client
+from rmq_spark.spark import session_conf
+
+from . import _checkpoint
+from ._config import AVAILABLE_NOW, DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
+from ._retention import ArchiveRetention
+from ._watermark import archived_positions, queue_info, start_positions, sync_watermark
+from .errors import TierConfigError
+
+__all__ = ["tier_topic", "start_tiering"]
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5
+# Set on the query's own (cloned) session at start; the caller's session is left as it was.
+_QUERY_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+               "spark.sql.session.timeZone": "UTC"}       # date partition = UTC date
+# Parquet: write each task's rows as they come (already in (queue, offset) order) to
+# one file per partition value, instead of letting the writer sort them by partition.
+_PARQUET_CONF = {"spark.sql.maxConcurrentOutputFileWriters": "16"}
+
+
+def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
+               format: str | None = None, trigger: str = AVAILABLE_NOW,
+               checkpoint: str | None = None, max_offsets_per_trigger: int | None = None,
+               fail_on_data_loss: bool = True,
+               vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
+               retention_check_s: float = 60.0,
+               progress: Callable[[str], None] | None = None):
+    """Archive ``topic`` into its Delta/Parquet archive with a streaming query.
+
+    Parameters
+    ----------
+    spark : SparkSession
+        With Delta configured for a delta archive (``rmq_spark.spark.session_builder()``).
+    endpoints : str
+        Storage nodes, ``"host:port[,host:port...]"``.
+    topic : str
+        The topic to archive.
+    archive : str, optional
+        Local directory of the archive. Default: the topic's ``tier`` config.
+        A topic without one gets ``tier = FORMAT:archive`` recorded; a topic
+        tiered elsewhere is refused (``TierConfigError``).
+    format : ``"delta"`` | ``"parquet"``, optional
+        Default: the topic's tier format, else ``delta``.
+    trigger : str, default ``"available-now"``
+        ``"available-now"``: archive what is there now, then stop (the call
+        waits). An interval such as ``"30s"``: run until stopped (the call
+        returns the running query).
+    checkpoint : str, optional
+        Default ``ARCHIVE/_rmq_checkpoints/TOPIC``, so a rerun resumes. A new
+        checkpoint starts at the ``archive`` watermark (and never below what
+        the archive holds): a lost checkpoint re-archives nothing.
+    max_offsets_per_trigger : int, optional
+        At most this many messages per micro-batch (``available-now`` too).
+    fail_on_data_loss : bool, default True
+        Fail when offsets to archive are gone from the hot log.
+    vacuum_retain_hours : float, default 168
+        Delta archive retention: ``VACUUM ... RETAIN`` hours. Below 168,
+        Delta's retention-duration check is switched off for that VACUUM.
+    retention_check_s : float, default 60
+        Archive retention runs at start and then at most this often.
+    progress : callable, optional
+        Receives one line per committed batch (default: logged at INFO).
+
+    Returns
+    -------
+    StreamingQuery
+        Terminated for ``available-now`` (its exception, if any, is raised),
+        running otherwise.
+    """
+    client = Client(endpoints)
+    try:
+        settings = TierSettings.create(
+            client, endpoints, topic, archive, format, trigger, checkpoint,
+            max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours, retention_check_s)
+    finally:
+        client.close()
+    return start_tiering(spark, settings, progress)
+
+
+def start_tiering(spark, settings: TierSettings, progress: Callable[[str], None] | None = None):
+    """``tier_topic`` for settings already checked (``TierSettings.create``)."""
+    client = Client(settings.endpoints)
+    try:
+        run = _Run(spark, settings, client, progress or (lambda line: log.info("%s", line)))
+        query = run.start()
+    except BaseException:
+        client.close()
+        raise
+    if settings.available_now:
+        run.watch(query)
+        return query
+    threading.Thread(target=run.watch, args=(query,), name=f"rmq-tier-{settings.topic}",
+                     daemon=True).start()
+    return query
+
+
+class _Run:
+    """One run of the tiering query: preparation, the writer, the monitor."""
+
+    def __init__(self, spark, settings: TierSettings, client: Client,
+                 progress: Callable[[str], None]):
+        self.spark, self.s, self.client, self.progress = spark, settings, client, progress
+        self.retention = ArchiveRetention(client, settings.topic, settings.tier,
+                                          settings.vacuum_retain_hours, settings.retention_check_s)
+        self._reported: int | None = None      # last batch with a progress line
+        self._synced: int | None = None        # last batch whose end is the watermark
+        self._end: dict[int, int] = {}
+        self._app_id: str | None = None
+
+    # ------------------------------------------------------------ start
+    def start(self):
+        s = self.s
+        if s.tier.format == "delta":
+            _ensure_delta_table(self.spark, s.tier.path)
+        starting = self._prepare_checkpoint()
+        sync_watermark(self.client, s.topic, s.checkpoint)
+        self.retention.maybe_run(self.spark)
+        self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
+        reader = (self.spark.readStream.format("rocketmq").option("endpoints", s.endpoints)
+                  .option("topic", s.topic).option("readArchive", "false")
+                  .option("failOnDataLoss", str(s.fail_on_data_loss).lower()))
+        if starting is not None:
+            reader = reader.option("startingOffsets", json.dumps(
+                {s.topic: {str(q): o for q, o in sorted(starting.items())}}))
+        if s.max_offsets_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
+        frame = layout.archive_frame(reader.load())
+        w = frame.writeStream.queryName(f"rmq-tier-{s.topic}").trigger(**s.trigger)
+        w = w.option("checkpointLocation", s.checkpoint)
+        conf = dict(_QUERY_CONF)
+        if s.tier.format == "delta":
+            w = w.foreachBatch(self._delta_batch)
+        else:
+            conf.update(_PARQUET_CONF)
+            w = (w.format("parquet").partitionBy(*layout.PARTITION_COLUMNS)
+                 .option("path", s.tier.path))
+        with session_conf(self.spark, conf):
+            query = w.start()
+        log.info("tiering %s into %s (checkpoint %s) started", s.topic, s.tier, s.checkpoint)
+        return query
+
+    def _prepare_checkpoint(self) -> dict[int, int] | None:
+        """Starting offsets for a new checkpoint (None: resume, or seeded)."""
+        s = self.s
+        sink_batch = _sink_latest_batch(s.tier)
+        ours = _checkpoint.latest_batch(s.checkpoint, "offsets")
+        archived = archived_positions(self.client, s.topic, s.tier)
+        if ours is not None:
+            self._check_owner(ours, sink_batch, archived)
+            return None
+        start = start_positions(self.client, s.topic, archived)
+        if sink_batch is None:
+            return start
+        _checkpoint.seed(s.checkpoint, sink_batch, s.topic, start)
+        return None
+
+    def _check_owner(self, ours: int, sink_batch: int | None, archived: dict[int, int]) -> None:
+        """Refuse a checkpoint the archive has moved past (another checkpoint wrote on):
+        resuming it would archive those messages again."""
+        s = self.s
+        planned = _checkpoint.batch_end(s.checkpoint, ours, s.topic)
+        ahead = {q: o for q, o in archived.items() if o > planned.get(q, o)}
+        if (sink_batch is not None and sink_batch > ours) or ahead:
+            where = (f"its file-sink log is at batch {sink_batch}, the checkpoint at batch {ours}"
+                     if not ahead else f"it holds offsets {_positions_text(ahead)}, the "
+                     f"checkpoint ends at {_positions_text(planned)}")
+            raise TierConfigError(
+                f"archive {s.tier.path} of topic {s.topic!r} was written on by another "
+                f"checkpoint than {s.checkpoint} ({where}). Resume with the checkpoint that "
+                "wrote last, or give a new (empty) one: it starts where the archive ends")
+
+    # ----------------------------------------------------------- writer
+    def _delta_batch(self, df, batch_id: int) -> None:
+        if self._app_id is None:
+            self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
+        (df.sortWithinPartitions(*layout.PARTITION_COLUMNS, "queue", "offset")
+         .write.format("delta").option("txnAppId", self._app_id)
+         .option("txnVersion", batch_id).mode("append")
+         .partitionBy(*layout.PARTITION_COLUMNS).save(self.s.tier.path))
+        self.retention.maybe_run(df.sparkSession)
+
+    # ---------------------------------------------------------- monitor
+    def watch(self, query) -> None:
+        """Until the query ends: after each committed batch, watermark + progress line."""
+        failure = None
+        try:
+            while True:
+                try:
+                    if query.awaitTermination(POLL_S):
+                        break
+                except Exception as e:       # the query failed: record what it committed
+                    failure = e
+                    break
+                self._safe_poll(query)
+            self.poll(query, final=True)
+        finally:
+            self.client.close()
+        if failure is not None:
+            if self.s.available_now:
+                raise failure
+            log.error("tiering query of %s failed: %s", self.s.topic, failure)
+
+    def _safe_poll(self, query) -> None:
+        try:
+            self.poll(query)
+        except Exception:                    # a retriable hiccup: the next poll catches up
+            log.warning("tiering %s: progress check failed; retrying", self.s.topic,
+                        exc_info=True)
+
+    def poll(self, query, final: bool = False) -> None:
+        """Watermark as soon as a batch is committed; its progress line once Spark
+        has reported the batch (or the query has ended)."""
+        latest = _checkpoint.latest_batch(self.s.checkpoint)
+        if latest is None or latest == self._reported:
+            return
+        if latest != self._synced:
+            self._end = sync_watermark(self.client, self.s.topic, self.s.checkpoint) or {}
+            self._synced = latest
+        first = 0 if self._reported is None else self._reported + 1
+        rows = _rows(query, first, latest)
+        if rows is None and not final:
+            return
+        self._reported = latest
+        info = queue_info(self.client, self.s.topic)
+        lag = sum(max(0, i["latest"] - self._end.get(q, i["earliest"])) for q, i in info.items())
+        batches = f"batch {latest}" if first >= latest else f"batches {first}-{latest}"
+        self.progress(f"tier {self.s.topic}: {batches} committed, {rows or '?'} rows, archived "
+                      f"to {_positions_text(self._end)}, lag {lag}")
+        if self.s.tier.format == "parquet":
+            self.retention.maybe_run()
+
+
+def _rows(query, first: int, last: int) -> int | None:
+    """Rows read by batches first..last, from Spark's progress; None until it has the last."""
+    counts = {p["batchId"]: p["numInputRows"] for p in query.recentProgress   # dicts
+              if first <= p["batchId"] <= last}
+    return sum(counts.values()) if last in counts else None
+
+
+def _positions_text(end: dict[int, int]) -> str:
+    return " ".join(f"q{q}={o}" for q, o in sorted(end.items())) or "-"
+
+
+def _sink_latest_batch(tier: layout.Tier) -> int | None:
+    """Latest batch id in a Parquet archive's file-sink log (None for Delta or no log)."""
+    if tier.format != "parquet":
+        return None
+    try:
+        names = os.listdir(os.path.join(tier.path, "_spark_metadata"))
+    except FileNotFoundError:
+        return None
+    ids = [int(m.group(1)) for n in names if (m := re.fullmatch(r"(\d+)(\.compact)?", n))]
+    return max(ids) if ids else None
+
+
+def _ensure_delta_table(spark, path: str) -> None:
+    """Create the archive table (schema, partitioning, properties) unless it exists."""
+    from delta.tables import DeltaTable
+
+    schema = spark.createDataFrame([], layout.ARCHIVE_DDL).schema
+    for attempt in range(3):             # another topic's job may create it at the same time
+        try:
+            (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+             .partitionedBy(*layout.PARTITION_COLUMNS)
+             .property("delta.dataSkippingStatsColumns", ",".join(layout.STATS_COLUMNS))
+             .property("delta.enableDeletionVectors", "false").execute())
+            break
+        except Exception:
+            if attempt == 2 or not DeltaTable.isDeltaTable(spark, path):
+                raise
+            time.sleep(0.2)
+    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
+    props = detail["properties"] or {}
+    if props.get("delta.enableDeletionVectors", "false").lower() == "true":
+        raise TierConfigError(f"Delta archive {path} has delta.enableDeletionVectors=true; "
+                              "the rocketmq reader needs it false (ALTER TABLE ... SET "
+                              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'false'))")
+    got = DeltaTable.forPath(spark, path).toDF().schema
+    if [(f.name, f.dataType) for f in got] != [(f.name, f.dataType) for f in schema]:
+        raise TierConfigError(f"Delta table {path} is not a rocketmq archive: its schema is "
+                              f"{got.simpleString()}, expected {layout.ARCHIVE_DDL}")

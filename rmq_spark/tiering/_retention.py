@@ -1,0 +1,156 @@
+"""Archive retention: drop archived messages older than the topic's ``retention_ms``.
+
+Store time is non-decreasing in a queue, so what expires is a prefix of each
+queue and the archive's first offset per queue (``archive_earliest``) moves
+up to the first message kept. Which files hold expired rows comes from the
+archive's log and statistics (``rmq_spark.archive.reader``), so a pass that
+finds nothing expired costs no Spark job.
+
+* Delta: ``DELETE`` of the topic's expired rows, then ``VACUUM`` (retaining
+  ``vacuum_retain_hours``; Delta refuses less than its own 7 days unless its
+  retention check is switched off, which happens only for a shorter retain
+  asked for).
+* Parquet: whole files whose newest row expired are removed. The file sink's
+  ``_spark_metadata`` still lists them; the ``rocketmq`` reader skips listed
+  files that are gone, a plain ``spark.read.parquet`` needs
+  ``ignoreMissingFiles``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from rmq_spark.archive import layout
+from rmq_spark.client import Client
+
+from ._config import DEFAULT_VACUUM_RETAIN_HOURS
+
+__all__ = ["ArchiveRetention", "RetentionResult"]
+
+log = logging.getLogger(__name__)
+VACUUM_INTERVAL_S = 3600.0
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    cutoff_ms: int
+    removed_files: int
+    archive_earliest: dict[int, int]
+
+
+class ArchiveRetention:
+    """One topic's archive retention; ``maybe_run`` is cheap to call after every batch."""
+
+    def __init__(self, client: Client, topic: str, tier: layout.Tier,
+                 vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
+                 check_interval_s: float = 60.0):
+        self.client, self.topic, self.tier = client, topic, tier
+        self.vacuum_retain_hours = vacuum_retain_hours
+        self.check_interval_s = check_interval_s
+        self._last_check: float | None = None
+        self._last_vacuum: float | None = None
+
+    def maybe_run(self, spark=None) -> RetentionResult | None:
+        """Run if the last check is ``check_interval_s`` old (always the first time)."""
+        now = time.monotonic()
+        if self._last_check is not None and now - self._last_check < self.check_interval_s:
+            return None
+        self._last_check = now
+        return self.run(spark)
+
+    def run(self, spark=None) -> RetentionResult | None:
+        """Remove expired rows now; None when the topic keeps everything or nothing expired."""
+        from rmq_spark.archive.reader import load_snapshot
+
+        retention_ms = self.client.describe_topic(self.topic)["retention_ms"]
+        snap = load_snapshot(self.tier) if retention_ms > 0 else None
+        if snap is None:
+            return None
+        cutoff_ms = int(time.time() * 1000) - retention_ms
+        spans = snap.spans(self.topic)
+        expired = [f for qf in spans.values() for f in qf.files if f.min_ts_us < cutoff_ms * 1000]
+        if not expired:
+            return None
+        if self.tier.format == "delta":
+            removed = self._delete_delta(spark, cutoff_ms)
+        else:
+            removed = self._remove_parquet(expired, cutoff_ms)
+        earliest = self._record_earliest(spans, cutoff_ms)
+        log.info("archive retention of %s: removed %d files before %d ms; archive earliest %s",
+                 self.topic, removed, cutoff_ms, earliest)
+        return RetentionResult(cutoff_ms, removed, earliest)
+
+    def _record_earliest(self, before, cutoff_ms: int) -> dict[int, int]:
+        """archive_earliest per queue, from the archive's log after the removal."""
+        from rmq_spark.archive.reader import load_snapshot
+
+        snap = load_snapshot(self.tier)
+        after = snap.spans(self.topic) if snap is not None else {}
+        earliest = {}
+        for q, qf in before.items():
+            if q in after:
+                earliest[q] = after[q].earliest
+            else:                       # every archived row of q expired
+                earliest[q] = qf.end
+        if earliest:
+            self.client.set_watermark(self.topic, "archive_earliest", earliest)
+        return earliest
+
+    # ----------------------------------------------------------------- Delta
+    def _delete_delta(self, spark, cutoff_ms: int) -> int:
+        from delta.tables import DeltaTable
+        from pyspark.sql import functions as F
+
+        if spark is None:
+            raise ValueError("Delta archive retention needs a SparkSession")
+        cutoff = F.timestamp_millis(F.lit(cutoff_ms))
+        # The date condition lets Delta prune partitions before it looks at statistics
+        # (``date`` is the UTC date, computed here so the session's time zone cannot shift it).
+        day = dt.datetime.fromtimestamp(cutoff_ms / 1000, dt.timezone.utc).date()
+        cond = ((F.col("topic") == self.topic) & (F.col("date") <= F.lit(day))
+                & (F.col("timestamp") < cutoff))
+        table = DeltaTable.forPath(spark, self.tier.path)
+        table.delete(cond)
+        metrics = table.history(1).collect()[0]["operationMetrics"] or {}
+        removed = int(metrics.get("numRemovedFiles", 0))
+        self._vacuum(spark)
+        return removed
+
+    def _vacuum(self, spark) -> None:
+        """VACUUM after a DELETE, at most once an hour (it lists the whole table)."""
+        now = time.monotonic()
+        if self._last_vacuum is not None and now - self._last_vacuum < VACUUM_INTERVAL_S:
+            return
+        self._last_vacuum = now
+        short = self.vacuum_retain_hours < DEFAULT_VACUUM_RETAIN_HOURS
+        key = "spark.databricks.delta.retentionDurationCheck.enabled"
+        old = spark.conf.get(key, "true")
+        if short:
+            spark.conf.set(key, "false")
+        table = f"delta.`{self.tier.path}`"
+        retain = f"RETAIN {self.vacuum_retain_hours} HOURS"
+        try:
+            try:     # LITE: the files to delete come from the log, no listing of the table
+                spark.sql(f"VACUUM {table} LITE {retain}")
+            except Exception as e:   # the log no longer covers the last vacuum: list it all
+                log.info("VACUUM LITE of %s not possible (%s); running a full VACUUM",
+                         self.tier.path, str(e).splitlines()[0])
+                spark.sql(f"VACUUM {table} FULL {retain}")
+        finally:
+            if short:
+                spark.conf.set(key, old)
+
+    # --------------------------------------------------------------- Parquet
+    def _remove_parquet(self, expired, cutoff_ms: int) -> int:
+        removed = 0
+        for f in expired:
+            if f.max_ts_us < cutoff_ms * 1000:       # whole file expired
+                try:
+                    os.remove(f.path)
+                    removed += 1
+                except FileNotFoundError:
+                    pass                              # removed by an earlier pass
+        return removed
