@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 
 from rmq_spark.archive import layout
@@ -17,6 +18,7 @@ from rmq_spark.archive.reader import load_snapshot
 from rmq_spark.client import Client, Message
 
 __all__ = ["generate_history", "messages_per_hour", "footprint", "plot_messages_per_hour",
+           "generate_balances", "last_per_key", "live_keys_over_time", "plot_live_keys",
            "Sandbox"]
 
 HOUR_MS = 3_600_000
@@ -119,6 +121,76 @@ def plot_messages_per_hour(per_hour, footprint_: Footprint | None = None, path: 
     return fig
 
 
+def generate_balances(client: Client, topic: str, accounts: int = 200, updates: int = 3000,
+                      close_every: int = 40, seed: int = 7, batch: int = 100) -> int:
+    """A change-log of account balances: each message sets ``account-N``'s balance;
+    every ``close_every``-th update closes an account (a tombstone). Keys go to
+    the queue of their hash, so each key's updates stay in order. Returns the count."""
+    import random
+    rng = random.Random(seed)
+    queues = client.describe_topic(topic)["queues"]
+    balance: dict[int, int] = {}
+    pending: dict[int, list[Message]] = {}
+    for i in range(updates):
+        a = rng.randrange(accounts)
+        key = f"account-{a:04d}".encode()
+        if i % close_every == close_every - 1 and a in balance:
+            balance.pop(a)
+            msg = Message(None, key=key, tags="close")
+        else:
+            balance[a] = balance.get(a, 0) + rng.randrange(-50, 100)
+            msg = Message(str(balance[a]).encode(), key=key, tags="update")
+        q = zlib.crc32(key) % queues
+        pending.setdefault(q, []).append(msg)
+        if len(pending[q]) >= batch:
+            client.produce(topic, pending.pop(q), queue=q)
+    for q, msgs in pending.items():
+        client.produce(topic, msgs, queue=q)
+    return updates
+
+
+def last_per_key(df):
+    """Plain Spark recomputation of a compacted table: each key's last record by
+    (queue, offset), tombstones dropped. Returns {key: value}."""
+    from pyspark.sql import functions as F
+    rows = (df.groupBy("key").agg(F.max_by(F.col("value"), F.struct("queue", "offset"))
+                                  .alias("value")).where("value IS NOT NULL").collect())
+    return {bytes(r.key): bytes(r.value) for r in rows}
+
+
+def live_keys_over_time(df, points: int = 60):
+    """Number of live keys (set and not deleted) after each stretch of the change-log,
+    replayed in store-time order: a pandas Series indexed by time."""
+    import pandas as pd
+    rows = (df.select("key", "value", "timestamp", "queue", "offset")
+            .orderBy("timestamp", "queue", "offset").collect())
+    live: set[bytes] = set()
+    times, counts = [], []
+    step = max(1, len(rows) // points)
+    for i, r in enumerate(rows):
+        (live.discard if r.value is None else live.add)(bytes(r.key))
+        if i % step == step - 1 or i == len(rows) - 1:
+            times.append(r.timestamp)
+            counts.append(len(live))
+    return pd.Series(counts, index=pd.to_datetime(times), name="live keys")
+
+
+def plot_live_keys(series, path: str | None = None):
+    import matplotlib
+    if path:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.plot(series.index, series.values, drawstyle="steps-post")
+    ax.set_title("live keys over the change-log")
+    ax.set_ylabel("keys")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    if path:
+        fig.savefig(path)
+    return fig
+
+
 class Sandbox:
     """A local 3-node cluster with a tiered topic whose older part lives only in the archive.
 
@@ -153,6 +225,12 @@ class Sandbox:
             self.client.create_topic(self.topic, queues=queues,
                                      tier=f"{self.format}:{self.archive}",
                                      local_retention_ms=local_retention_ms)
+        return self.topic
+
+    def create_compact_topic(self, queues: int = 4) -> str:
+        """The topic with cleanup policy compact (its table: ``archive``)."""
+        if self.topic not in {t["name"] for t in self.client.list_topics()}:
+            self.client.create_topic(self.topic, queues=queues, cleanup_policy="compact")
         return self.topic
 
     def wait_hot_trimmed(self, timeout: float = 120) -> list:
