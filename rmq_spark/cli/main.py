@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     al.add_argument("--retention-bytes", default=None)
     al.add_argument("--tier", default=None)
     al.add_argument("--local-retention", default=None)
+    al.add_argument("--queues", type=int, default=None, help="grow the topic to N queues")
     ts.add_parser("list", help="list topics")
     d = ts.add_parser("describe", help="config and per-queue offsets")
     d.add_argument("name")
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     of.add_argument("--json", action="store_true")
 
     _tier_parser(sub)
+    _compact_parser(sub)
 
     cl = sub.add_parser("cluster", help="cluster status")
     cs = cl.add_subparsers(dest="action", required=True)
@@ -97,6 +99,30 @@ def _tier_parser(sub) -> None:
                     help="Delta archive retention: VACUUM retain period (default 168h)")
 
 
+def _compact_parser(sub) -> None:
+    cp = sub.add_parser("compact", help="keep a compact topic's latest value per key in Delta "
+                                        "(Spark streaming job)")
+    cp.add_argument("topic")
+    cp.add_argument("--table", default=None,
+                    help="Delta table directory (default: the topic's; recorded there if none)")
+    when = cp.add_mutually_exclusive_group()
+    when.add_argument("--available-now", action="store_true",
+                      help="compact what is there, then stop (the default)")
+    when.add_argument("--trigger", default=None, help="run continuously, a batch every e.g. 30s")
+    cp.add_argument("--checkpoint", default=None,
+                    help="checkpoint directory (default: TABLE/_rmq_checkpoints/TOPIC)")
+    cp.add_argument("--buckets", type=int, default=32,
+                    help="key buckets (partitions) of a new table, for point lookups")
+    cp.add_argument("--max-offsets-per-trigger", type=int, default=None)
+    g = sub.add_parser("get", help="latest value of a key in a compact topic (or --prefix scan)")
+    g.add_argument("topic")
+    g.add_argument("key")
+    g.add_argument("--prefix", action="store_true", help="every key starting with KEY")
+    g.add_argument("--table", default=None, help="compacted table (default: the topic's)")
+    g.add_argument("--limit", type=int, default=100)
+    g.add_argument("--json", action="store_true")
+
+
 # ---------------------------------------------------------------------- topic
 def cmd_topic(client: Client, a) -> int:
     if a.action == "create":
@@ -109,8 +135,9 @@ def cmd_topic(client: Client, a) -> int:
         opt = lambda v, f: None if v is None else f(v)  # noqa: E731
         cfg = client.alter_topic(a.name, retention_ms=opt(a.retention, parse_duration_ms),
                                  retention_bytes=opt(a.retention_bytes, parse_size_bytes), tier=a.tier,
-                                 local_retention_ms=opt(a.local_retention, parse_duration_ms))
-        print(f"altered topic {cfg['name']}: retention {_dur(cfg['retention_ms'])}, "
+                                 local_retention_ms=opt(a.local_retention, parse_duration_ms),
+                                 queues=a.queues)
+        print(f"altered topic {cfg['name']}: {cfg['queues']} queues, retention {_dur(cfg['retention_ms'])}, "
               f"tier {cfg['tier'] or 'none'}, local retention {_dur(cfg['local_retention_ms'])}")
     elif a.action == "list":
         rows = [[t["name"], t["queues"], t["cleanup_policy"], _dur(t["retention_ms"])]
@@ -319,8 +346,70 @@ def cmd_tier(client: Client, a) -> int:
         spark.stop()
 
 
+def cmd_compact(client: Client, a) -> int:
+    """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
+    from ..compaction import CompactionConfigError, CompactSettings, compact_topic
+    from ..tiering import AVAILABLE_NOW
+
+    try:
+        s = CompactSettings.create(client, a.endpoints, a.topic, a.table,
+                                   a.trigger or AVAILABLE_NOW, a.checkpoint, a.buckets,
+                                   a.max_offsets_per_trigger)
+    except (CompactionConfigError, ValueError) as e:
+        print(f"rmq compact: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from ..spark import session_builder
+
+    client.close()
+    spark = session_builder("rmq-compact").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    report = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        query = compact_topic(spark, a.endpoints, a.topic, s.table, a.trigger or AVAILABLE_NOW,
+                              s.checkpoint, s.buckets, s.max_offsets_per_trigger, report)
+        if not s.available_now:
+            try:
+                query.awaitTermination()
+            except KeyboardInterrupt:
+                query.stop()
+        print(f"compacted {a.topic} into {s.table}")
+        return 0
+    except Exception as e:
+        print(f"rmq compact: compacting {a.topic} failed: {str(e).splitlines()[0]}",
+              file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+
+
+def cmd_get(client: Client, a) -> int:
+    from ..compaction import CompactionConfigError, KeyLookup
+
+    try:
+        look = KeyLookup(client, a.topic, a.table)
+    except CompactionConfigError as e:
+        print(f"rmq get: {e}", file=sys.stderr)
+        return 2
+    key = a.key.encode()
+    rows = look.scan(key, a.limit) if a.prefix else [r for r in [look.latest(key)] if r]
+    if not rows:
+        print(f"rmq get: no value for key {a.key!r} in {a.topic}", file=sys.stderr)
+        return 1
+    for r in rows:
+        if a.json:
+            print(json.dumps({"key": r.key.decode(errors="replace"),
+                              "value": r.value.decode(errors="replace"), "queue": r.queue,
+                              "offset": r.offset, "timestamp": r.timestamp_ms, "tags": r.tags,
+                              "properties": r.properties}))
+        else:
+            print(f"{r.key.decode(errors='replace')}\t{r.value.decode(errors='replace')}")
+    return 0
+
+
 COMMANDS = {"topic": cmd_topic, "produce": cmd_produce, "consume": cmd_consume,
-            "offsets": cmd_offsets, "cluster": cmd_cluster, "tier": cmd_tier}
+            "offsets": cmd_offsets, "cluster": cmd_cluster, "tier": cmd_tier,
+            "compact": cmd_compact, "get": cmd_get}
 
 
 def main(argv=None) -> int:

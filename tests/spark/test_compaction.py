@@ -173,3 +173,25 @@ def test_keyless_produce_to_a_compact_topic_fails(client, compact):
     topic, _ = compact
     with pytest.raises(Exception, match="every message needs a key"):
         client.produce(topic, [Message(b"no key")], queue=0)
+
+
+def test_cli_get_and_bad_compact_arguments(spark, client, endpoints, compact, capsys):
+    from rmq_spark.cli.main import main as rmq
+    topic, table = compact
+    client.produce(topic, [Message(b"10", key=b"acct-1"), Message(b"20", key=b"acct-2"),
+                           Message(b"11", key=b"acct-1")], queue=0)
+    compact_topic(spark, endpoints, topic, table)
+    capsys.readouterr()
+    assert rmq(["--endpoints", endpoints, "get", topic, "acct-1"]) == 0
+    assert capsys.readouterr().out == "acct-1\t11\n"
+    assert rmq(["--endpoints", endpoints, "get", topic, "acct-", "--prefix"]) == 0
+    assert capsys.readouterr().out == "acct-1\t11\nacct-2\t20\n"
+    assert rmq(["--endpoints", endpoints, "get", topic, "nope"]) == 1
+    assert "no value for key 'nope'" in capsys.readouterr().err
+    assert rmq(["--endpoints", endpoints, "compact", topic, "--buckets", "0"]) == 2
+    assert "buckets 0" in capsys.readouterr().err
+    client.create_topic("plain-cli", queues=1)
+    assert rmq(["--endpoints", endpoints, "compact", "plain-cli", "--table", table]) == 2
+    assert "cleanup policy 'delete'" in capsys.readouterr().err
+    assert rmq(["--endpoints", endpoints, "topic", "alter", "plain-cli", "--queues", "3"]) == 0
+    assert client.describe_topic("plain-cli")["queues"] == 3
