@@ -1,0 +1,300 @@
+#!/usr/bin/env python
+"""Tiering benchmark: the tiering job against a plain Spark copy, archive reads against Delta.
+
+One run measures every row on this machine and prints one table plus the
+issue's targets::
+
+    .venv/bin/python bench/tiering.py                     # 400k x 1 KiB, 10-20 minutes
+    .venv/bin/python bench/tiering.py --quick             # smoke run, a few minutes
+    .venv/bin/python bench/tiering.py --json bench/results/tiering.json
+
+1. Tiering throughput. A 3-node LocalCluster; ``repeats + 1`` topics of 8
+   queues, each tiered to its own new Delta archive and filled with the same
+   ``--rows`` random ``--size``-byte messages before any timing (the archive
+   watermark only moves forward, so every run needs a topic of its own).
+   Timed: ``rmq_spark.tiering.tier_topic(trigger="available-now")`` with a new
+   checkpoint. Peer: the same rows staged once as Parquet (untimed), then
+   ``spark.read.parquet`` -> ``archive_frame`` -> Delta write partitioned by
+   (topic, date) into a new path. Target: tiering >= 60% of the copy. The
+   table also shows the same runs counted by their micro-batch time alone
+   (Spark's ``triggerExecution``) and the seconds a run spends outside it.
+2. Full-history read. A second LocalCluster with 256 KiB segments and a 1 s
+   retention pass; a topic with ``local_retention_ms=1`` is tiered, then the
+   benchmark waits until every queue's hot log starts above offset 0. Timed,
+   into the ``noop`` sink: ``spark.read.format("rocketmq")`` of the topic
+   against ``spark.read.format("delta")`` of the archive (same rows, all
+   columns). Target: rocketmq >= 80% of the direct Delta read.
+
+Runs alternate between a row and its peer (one warm-up each, then
+``--repeats`` rounds), so on a shared machine both see the same load; rates
+are medians. MB = 10^6 bytes of message values. SparkSession:
+``rmq_spark.spark.session_builder(master="local[2]")``. Progress goes to
+stderr, the table to stdout; ``--plot`` saves a bar chart.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Callable
+
+# spark_read lives next to this file; importing it also puts the checkout on sys.path.
+from spark_read import BENCH_DIR, QUEUES, produce
+
+log = logging.getLogger("bench.tiering")
+TARGET_TIERING = 0.60
+TARGET_HISTORY = 0.80
+HOT_RETENTION_MS = 7 * 86_400_000      # part 1: the hot log keeps everything
+HISTORY_CLUSTER_ARGS = ["--segment-bytes", str(256 << 10), "--retention-interval", "1"]
+# A segment rolls between appends only, and each produce call appends one batch per queue:
+# the history topic is produced in rounds so retention has sealed segments to drop.
+HISTORY_ROUNDS = 10
+# (result key, label, peer key); part 1 rows first, then part 2
+ROWS = (("tiering", "tier_topic, available-now", "copy"),
+        ("tiering_batches", "  its micro-batches alone", "copy"),
+        ("copy", "plain copy: parquet -> Delta", None),
+        ("rocketmq", 'full history, format("rocketmq")', "delta"),
+        ("delta", 'archive alone, format("delta")', None))
+PART1 = ("tiering", "tiering_batches", "copy")
+TARGETS = {"tiering": TARGET_TIERING, "rocketmq": TARGET_HISTORY}
+
+
+def alternate(runs: dict[str, Callable[[], None]], rows: int, repeats: int) -> dict[str, float]:
+    """Median rows/s per label: one warm-up each, then ``repeats`` rounds of every run."""
+    for run in runs.values():
+        run()
+    rates: dict[str, list[float]] = {label: [] for label in runs}
+    for i in range(repeats):
+        for label, run in runs.items():
+            t = time.perf_counter()
+            run()
+            rates[label].append(rows / (time.perf_counter() - t))
+            log.info("  %-10s run %d/%d %12s rows/s", label, i + 1, repeats,
+                     f"{rates[label][-1]:,.0f}")
+    return {label: statistics.median(r) for label, r in rates.items()}
+
+
+def check_produced(client, topic: str, rows: int) -> int:
+    got = sum(o.latest for o in client.offsets(topic))
+    if got != rows:
+        raise RuntimeError(f"{topic} holds {got:,} messages, {rows:,} were produced")
+    return got
+
+
+def delta_rows(spark, path: str) -> int:
+    return spark.read.format("delta").load(path).count()
+
+
+def fill_topics(client, root: str, args) -> list[str]:
+    """``repeats + 1`` tiered topics, each with the same ``--rows`` messages (untimed)."""
+    topics = [f"tier-{i}" for i in range(args.repeats + 1)]
+    for t in topics:
+        client.create_topic(t, queues=QUEUES, tier=f"delta:{os.path.join(root, 'ar-' + t)}",
+                            local_retention_ms=HOT_RETENTION_MS)
+        produce(client, t, args.rows, args.size)
+        check_produced(client, t, args.rows)
+    return topics
+
+
+def batch_seconds(query) -> float:
+    """Time the query spent in its micro-batches (Spark's ``triggerExecution``)."""
+    return sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1e3
+
+
+def measure_tiering(spark, root: str, args) -> dict:
+    """Part 1: tier_topic against a Parquet -> Delta copy of the same rows."""
+    from rmq_spark.archive import layout
+    from rmq_spark.client import Client
+    from rmq_spark.tiering import tier_topic
+    from storage_service.local import LocalCluster
+
+    log.info("part 1: LocalCluster (3 nodes, 4 groups), %d topics of %s x %d B",
+             args.repeats + 1, f"{args.rows:,}", args.size)
+    with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-tier")) as cluster, \
+            Client(cluster.endpoints) as client:
+        ep, topics = cluster.endpoints, fill_topics(client, root, args)
+        staging = os.path.join(root, "staging")
+        log.info("staging %s rows of %s as Parquet (untimed)", f"{args.rows:,}", topics[0])
+        spark.read.format("rocketmq").option("endpoints", ep).option("topic", topics[0]) \
+            .load().write.parquet(staging)
+        pending, copies, split = list(topics), [], []     # split: (total s, in batches s)
+
+        def tier() -> None:
+            t, t0 = pending.pop(0), time.perf_counter()
+            q = tier_topic(spark, ep, t, trigger="available-now",
+                           checkpoint=os.path.join(root, "ck-" + t), progress=log.info)
+            split.append((time.perf_counter() - t0, batch_seconds(q)))
+
+        def copy() -> None:
+            copies.append(os.path.join(root, f"copy-{len(copies)}"))
+            (layout.archive_frame(spark.read.parquet(staging))
+             .write.format("delta").partitionBy(*layout.PARTITION_COLUMNS).save(copies[-1]))
+
+        out = alternate({"tiering": tier, "copy": copy}, args.rows, args.repeats)
+        for path in [os.path.join(root, "ar-" + t) for t in topics] + copies:
+            if (got := delta_rows(spark, path)) != args.rows:
+                raise RuntimeError(f"{path} holds {got:,} rows, expected {args.rows:,}")
+    timed = split[1:]                                     # [0] is the warm-up
+    return {"rows": args.rows, **out,
+            "tiering_batches": statistics.median(args.rows / b for _, b in timed),
+            "tiering_outside_batches_s": statistics.median(t - b for t, b in timed)}
+
+
+def wait_trimmed(client, topic: str, timeout: float = 120.0) -> list:
+    """Until hot retention has dropped the first segment of every queue."""
+    deadline = time.monotonic() + timeout
+    while (offs := client.offsets(topic)) and any(o.earliest == 0 for o in offs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"hot retention did not trim {topic} within {timeout:.0f} s: "
+                               f"{[(o.queue, o.earliest) for o in offs]}")
+        time.sleep(0.5)
+    return offs
+
+
+def measure_history(spark, root: str, args) -> dict:
+    """Part 2: format("rocketmq") over a trimmed tiered topic against the archive alone."""
+    from rmq_spark.client import Client
+    from rmq_spark.tiering import tier_topic
+    from storage_service.local import LocalCluster
+
+    log.info("part 2: LocalCluster with 256 KiB segments, hot retention 1 ms")
+    topic, archive = "history", os.path.join(root, "ar-history")
+    with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-history"),
+                      extra_args=HISTORY_CLUSTER_ARGS) as cluster, \
+            Client(cluster.endpoints) as client:
+        client.create_topic(topic, queues=QUEUES, tier=f"delta:{archive}", local_retention_ms=1)
+        for r in range(HISTORY_ROUNDS):
+            # A Client per round: producer ids are per thread ident, which Python reuses
+            # once a thread ends, so a second round through one Client would be taken
+            # for retries of the first and dropped as duplicates.
+            with Client(cluster.endpoints) as once:
+                produce(once, topic, args.rows // HISTORY_ROUNDS
+                        + (args.rows % HISTORY_ROUNDS if r == 0 else 0), args.size)
+        check_produced(client, topic, args.rows)
+        tier_topic(spark, cluster.endpoints, topic, progress=log.info)
+        offs = wait_trimmed(client, topic)
+        rmq = (spark.read.format("rocketmq").option("endpoints", cluster.endpoints)
+               .option("topic", topic).load())
+        delta = spark.read.format("delta").load(archive)
+        rows, archived = rmq.count(), delta.count()
+        if rows != sum(o.latest for o in offs):
+            raise RuntimeError(f"format('rocketmq') read {rows:,} rows, the topic holds "
+                               f"{sum(o.latest for o in offs):,}")
+        out = {"rows": rows, "from_archive": archived, "from_hot": rows - archived,
+               "only_in_archive": sum(o.earliest for o in offs),
+               "hot_log_rows": sum(o.latest - o.earliest for o in offs)}
+        log.info("  %s rows: %s only in the archive, %s still in the hot log too",
+                 f"{rows:,}", f"{out['only_in_archive']:,}", f"{out['hot_log_rows']:,}")
+        noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
+        out.update(alternate({"rocketmq": lambda: noop(rmq), "delta": lambda: noop(delta)},
+                             rows, args.repeats))
+    return out
+
+
+def render(tiering: dict, history: dict, size: int, load: dict) -> str:
+    head = (f"{'row':<36}{'rows':>9}{'msgs/s':>10}{'MB/s':>8}{'vs peer':>9}"
+            f"{'target':>8}  result")
+    lines = [head, "-" * len(head)]
+    for key, name, peer in ROWS:
+        part = tiering if key in PART1 else history
+        rate = part[key]
+        cells = f"{name:<36}{part['rows']:>9,}{rate:>10,.0f}{rate * size / 1e6:>8.1f}"
+        if peer and key in TARGETS:
+            ratio, target = rate / part[peer], TARGETS[key]
+            cells += (f"{ratio:>9.0%}{'>=' + format(target, '.0%'):>8}  "
+                      f"{'MET' if ratio >= target else 'NOT MET'}")
+        else:
+            cells += f"{rate / part[peer]:>9.0%}" if peer else f"{'peer':>9}"
+        lines.append(cells)
+    lines.append(f"\ntier_topic outside its micro-batches (Delta table check, query start "
+                 f"and stop): {tiering['tiering_outside_batches_s']:.1f} s a run")
+    lines.append(f"full history: {history['from_archive']:,} rows read from the archive "
+                 f"({history['only_in_archive']:,} of them only there, trimmed from the hot "
+                 f"log), {history['from_hot']:,} from the hot log")
+    lines.append(f"load average (1 min) at start {load['start']:.1f}, at end {load['end']:.1f}"
+                 f" on {os.cpu_count()} cores")
+    return "\n".join(lines)
+
+
+def plot(tiering: dict, history: dict, size: int, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, part, rows, title in (
+            (axes[0], tiering, ROWS[:3], "tiering into a Delta archive"),
+            (axes[1], history, ROWS[3:], "full-history read (noop sink)")):
+        mb = [part[key] * size / 1e6 for key, _, _ in rows]
+        key, peer = rows[0][0], rows[-1][0]
+        ax.bar([name.strip().replace(", ", ",\n").replace(": ", ":\n") for _, name, _ in rows],
+               mb, color=["tab:blue", "tab:cyan"][:len(rows) - 1] + ["tab:gray"])
+        ax.axhline(TARGETS[key] * mb[-1], color="tab:red", ls="--", lw=1,
+                   label=f"target {TARGETS[key]:.0%} of peer")
+        ax.set_title(f"{title}: {part[key] / part[peer]:.0%} of peer", fontsize=10)
+        ax.set_ylim(0, max(mb) * 1.25)          # room for the legend above the bars
+        ax.set_ylabel("MB/s of message values")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.legend(fontsize=8, loc="upper right")
+    fig.suptitle(f"rmq-spark tiering, {part['rows']:,} x {size} B, local[2]", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=400_000, help="messages per topic")
+    p.add_argument("--size", type=int, default=1024, help="message value bytes")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="40k messages, one repeat")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--plot", default=os.path.join(BENCH_DIR, "results", "tiering.png"),
+                   help="bar chart PNG ('' for none)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rows, a.repeats = 40_000, 1
+    return a
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from rmq_spark.spark import session_builder
+
+    load = {"start": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-tier-") as root:
+        spark = (session_builder("bench-tiering", master="local[2]")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.driver.memory", "4g")
+                 # as the tiering query sets on its own session: the copy does the same work
+                 .config("spark.sql.session.timeZone", "UTC")
+                 .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            tiering = measure_tiering(spark, root, args)
+            history = measure_history(spark, root, args)
+        finally:
+            spark.stop()
+    load["end"] = os.getloadavg()[0]
+    print(render(tiering, history, args.size, load))
+    if args.plot:
+        plot(tiering, history, args.size, args.plot)
+        log.info("chart saved to %s", args.plot)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tiering": tiering, "history": history, "load_average": load,
+                       "cores": os.cpu_count(), "args": vars(args)}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
