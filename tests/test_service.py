@@ -436,3 +436,18 @@ def test_null_value_with_value_bytes_is_refused_over_the_wire(client, topic):
         client.call("Produce", rmq_pb2.ProduceRequest(topic=topic, queue=0, messages=[bad]),
                     group=client.group_of(topic, 0))
     assert client.offsets(topic)[0].latest == 0
+
+
+def test_threads_one_after_another_each_get_their_own_producer(client):
+    """Python reuses a finished thread's ident: each thread must still be a new producer,
+    or its first call (sequence 0) is dropped as a retry of the dead thread's."""
+    import threading
+    client.create_topic("thread-reuse", queues=1)
+    results = []
+    for i in range(3):
+        t = threading.Thread(target=lambda i=i: results.extend(
+            client.produce("thread-reuse", [f"{i}-{j}".encode() for j in range(10)], queue=0)))
+        t.start()
+        t.join()
+    assert [r.duplicate for r in results] == [False, False, False]
+    assert client.offsets("thread-reuse")[0].latest == 30

@@ -225,7 +225,9 @@ class Client:
         loc = self._local
         if not hasattr(loc, "seqs"):
             loc.seqs = {}
-            loc.pid = f"{self._client_id}-{threading.get_ident():x}"
+            # Not the thread ident: Python reuses it once a thread ends, and a later
+            # thread with the old ident but sequences from 0 would look like a retry.
+            loc.pid = f"{self._client_id}-{uuid.uuid4().hex[:12]}"
         seq = loc.seqs.get((topic, queue), 0)
         loc.seqs[(topic, queue)] = seq + count
         return loc.pid, seq
