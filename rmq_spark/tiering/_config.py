@@ -55,9 +55,9 @@ def resolve_tier(client: Client, topic: str, archive: str | None = None,
     """
     if format is not None and format not in layout.FORMATS:
         raise TierConfigError(f"format {format!r}: use one of {', '.join(layout.FORMATS)}")
-    try:
-        cfg = next(t for t in client.list_topics() if t["name"] == topic)
-    except StopIteration:
+    try:     # describe, not list: it waits for a just-created topic to reach the replica
+        cfg = client.describe_topic(topic)
+    except NotFound:
         raise TierConfigError(f"topic {topic!r} does not exist (create it with "
                               "`rmq topic create`)") from None
     current = layout.parse_tier(cfg["tier"]) if cfg["tier"] else None
@@ -125,10 +125,7 @@ class TierSettings:
         if retention_check_s < 0:
             raise TierConfigError(f"retention check interval {retention_check_s} s: use >= 0")
         ckpt = local_path(checkpoint, "checkpoint") if checkpoint else None
-        try:
-            tier = resolve_tier(client, topic, archive, format)
-        except NotFound as e:
-            raise TierConfigError(f"topic {topic!r} does not exist") from e
+        tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
                    retention_check_s)

@@ -47,6 +47,7 @@ _QUERY_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 # Parquet: write each task's rows as they come (already in (queue, offset) order) to
 # one file per partition value, instead of letting the writer sort them by partition.
 _PARQUET_CONF = {"spark.sql.maxConcurrentOutputFileWriters": "16"}
+_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
@@ -140,13 +141,33 @@ class _Run:
 
     # ------------------------------------------------------------ start
     def start(self):
+        """Prepare (table, checkpoint, watermark, retention) and start the query."""
         s = self.s
-        if s.tier.format == "delta":
-            _ensure_delta_table(self.spark, s.tier.path)
-        starting = self._prepare_checkpoint()
-        sync_watermark(self.client, s.topic, s.checkpoint)
-        self.retention.maybe_run(self.spark)
-        self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
+        with session_conf(self.spark, self._conf()):
+            if s.tier.format == "delta":
+                _ensure_delta_table(self.spark, s.tier.path)
+            starting = self._prepare_checkpoint()
+            sync_watermark(self.client, s.topic, s.checkpoint)
+            self.retention.maybe_run(self.spark)
+            self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
+            query = self._writer(self._frame(starting)).start()
+        log.info("tiering %s into %s (checkpoint %s) started", s.topic, s.tier, s.checkpoint)
+        return query
+
+    def _conf(self) -> dict[str, str]:
+        """SQL confs for the run; the query keeps its own copy from ``start()`` on."""
+        conf = dict(_QUERY_CONF)
+        if self.s.tier.format == "parquet":
+            conf.update(_PARQUET_CONF)
+        elif self.spark.conf.get(_SNAPSHOT_PARTITIONS, None) is None:
+            # Each idempotent append looks up its txn version in the table state, which
+            # Delta rebuilds in 50 partitions by default: ~10x the cost of the append
+            # itself on a small machine. As many partitions as the app has cores.
+            conf[_SNAPSHOT_PARTITIONS] = str(max(1, self.spark.sparkContext.defaultParallelism))
+        return conf
+
+    def _frame(self, starting: dict[int, int] | None):
+        s = self.s
         reader = (self.spark.readStream.format("rocketmq").option("endpoints", s.endpoints)
                   .option("topic", s.topic).option("readArchive", "false")
                   .option("failOnDataLoss", str(s.fail_on_data_loss).lower()))
@@ -155,20 +176,15 @@ class _Run:
                 {s.topic: {str(q): o for q, o in sorted(starting.items())}}))
         if s.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
-        frame = layout.archive_frame(reader.load())
-        w = frame.writeStream.queryName(f"rmq-tier-{s.topic}").trigger(**s.trigger)
-        w = w.option("checkpointLocation", s.checkpoint)
-        conf = dict(_QUERY_CONF)
+        return layout.archive_frame(reader.load())
+
+    def _writer(self, frame):
+        s = self.s
+        w = (frame.writeStream.queryName(f"rmq-tier-{s.topic}").trigger(**s.trigger)
+             .option("checkpointLocation", s.checkpoint))
         if s.tier.format == "delta":
-            w = w.foreachBatch(self._delta_batch)
-        else:
-            conf.update(_PARQUET_CONF)
-            w = (w.format("parquet").partitionBy(*layout.PARTITION_COLUMNS)
-                 .option("path", s.tier.path))
-        with session_conf(self.spark, conf):
-            query = w.start()
-        log.info("tiering %s into %s (checkpoint %s) started", s.topic, s.tier, s.checkpoint)
-        return query
+            return w.foreachBatch(self._delta_batch)
+        return w.format("parquet").partitionBy(*layout.PARTITION_COLUMNS).option("path", s.tier.path)
 
     def _prepare_checkpoint(self) -> dict[int, int] | None:
         """Starting offsets for a new checkpoint (None: resume, or seeded)."""
@@ -285,9 +301,17 @@ def _sink_latest_batch(tier: layout.Tier) -> int | None:
 
 
 def _ensure_delta_table(spark, path: str) -> None:
-    """Create the archive table (schema, partitioning, properties) unless it exists."""
+    """Create the archive table (schema, partitioning, properties) unless it exists.
+
+    An existing table is not inspected here (that costs Spark jobs on every
+    run): the archive's log is read at start anyway (``archived_positions``),
+    and that refuses deletion vectors and column mapping; a foreign schema
+    fails the first append.
+    """
     from delta.tables import DeltaTable
 
+    if os.path.isdir(os.path.join(path, "_delta_log")):
+        return
     schema = spark.createDataFrame([], layout.ARCHIVE_DDL).schema
     for attempt in range(3):             # another topic's job may create it at the same time
         try:
@@ -295,18 +319,8 @@ def _ensure_delta_table(spark, path: str) -> None:
              .partitionedBy(*layout.PARTITION_COLUMNS)
              .property("delta.dataSkippingStatsColumns", ",".join(layout.STATS_COLUMNS))
              .property("delta.enableDeletionVectors", "false").execute())
-            break
+            return
         except Exception:
             if attempt == 2 or not DeltaTable.isDeltaTable(spark, path):
                 raise
             time.sleep(0.2)
-    detail = DeltaTable.forPath(spark, path).detail().collect()[0]
-    props = detail["properties"] or {}
-    if props.get("delta.enableDeletionVectors", "false").lower() == "true":
-        raise TierConfigError(f"Delta archive {path} has delta.enableDeletionVectors=true; "
-                              "the rocketmq reader needs it false (ALTER TABLE ... SET "
-                              "TBLPROPERTIES ('delta.enableDeletionVectors' = 'false'))")
-    got = DeltaTable.forPath(spark, path).toDF().schema
-    if [(f.name, f.dataType) for f in got] != [(f.name, f.dataType) for f in schema]:
-        raise TierConfigError(f"Delta table {path} is not a rocketmq archive: its schema is "
-                              f"{got.simpleString()}, expected {layout.ARCHIVE_DDL}")

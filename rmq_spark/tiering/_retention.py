@@ -116,15 +116,25 @@ class ArchiveRetention:
         table.delete(cond)
         metrics = table.history(1).collect()[0]["operationMetrics"] or {}
         removed = int(metrics.get("numRemovedFiles", 0))
-        self._vacuum(spark)
+        if self._vacuum_due(table):
+            self._vacuum(spark)
         return removed
 
+    def _vacuum_due(self, table) -> bool:
+        """At most one VACUUM an hour, by this job or any other (from the table history):
+        the files a DELETE retires may go only ``vacuum_retain_hours`` later anyway,
+        and even a LITE VACUUM costs several Spark jobs."""
+        from pyspark.sql import functions as F
+
+        if self._last_vacuum is not None and \
+                time.monotonic() - self._last_vacuum < VACUUM_INTERVAL_S:
+            return False
+        last = (table.history(100).where(F.col("operation") == "VACUUM END")
+                .select(F.max(F.unix_timestamp("timestamp"))).first()[0])
+        return last is None or time.time() - last >= VACUUM_INTERVAL_S
+
     def _vacuum(self, spark) -> None:
-        """VACUUM after a DELETE, at most once an hour (it lists the whole table)."""
-        now = time.monotonic()
-        if self._last_vacuum is not None and now - self._last_vacuum < VACUUM_INTERVAL_S:
-            return
-        self._last_vacuum = now
+        self._last_vacuum = time.monotonic()
         short = self.vacuum_retain_hours < DEFAULT_VACUUM_RETAIN_HOURS
         key = "spark.databricks.delta.retentionDurationCheck.enabled"
         old = spark.conf.get(key, "true")

@@ -1,0 +1,291 @@
+"""The tiering job: rocketmq -> Delta/Parquet archive, exactly once, with watermarks.
+
+Real cluster, real Spark, real Delta. The archive is checked against the hot
+log itself (``readArchive=false``): every column, every (queue, offset) once.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from rmq_spark.archive import layout
+from rmq_spark.client import Message
+from rmq_spark.tiering import TierConfigError, tier_topic
+from tests.conftest import wait_until
+
+from ._helpers import produce, reader
+
+pytestmark = [pytest.mark.spark, pytest.mark.integration]
+FORMATS = ["delta", "parquet"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_delta_snapshots(spark):
+    """This module's Delta reads rebuild table state in 2 partitions, not Delta's 50
+    (the tiering job itself does the same for its own query)."""
+    key = "spark.databricks.delta.snapshotPartitions"
+    old = spark.conf.get(key, None)
+    spark.conf.set(key, "2")
+    yield
+    if old is None:
+        spark.conf.unset(key)
+    else:
+        spark.conf.set(key, old)
+
+
+# ------------------------------------------------------------------ helpers
+def run_tier(spark, endpoints, topic, archive=None, fmt=None, **kw) -> list[str]:
+    lines: list[str] = []
+    q = tier_topic(spark, endpoints, topic, archive=None if archive is None else str(archive),
+                   format=fmt, progress=lines.append, **kw)
+    assert not q.isActive
+    return lines
+
+
+def archive_df(spark, path, fmt, topic):
+    df = (spark.read.format("delta").load(str(path)) if fmt == "delta"
+          else spark.read.schema(layout.ARCHIVE_DDL).option("ignoreMissingFiles", "true")
+          .parquet(str(path)))
+    return df.where(df.topic == topic)
+
+
+def _row(r) -> tuple:
+    return (r.topic, r.queue, r.offset, r.timestamp, r.born_timestamp, r.key, r.value, r.tags,
+            tuple(sorted((r.properties or {}).items())), r.msg_id)
+
+
+def archive_rows(spark, path, fmt, topic) -> list[tuple]:
+    rows = archive_df(spark, path, fmt, topic).collect()
+    for r in rows:       # date = UTC date of the store time (the session here runs in UTC)
+        assert r.date == r.timestamp.date(), r
+    return sorted(_row(r) for r in rows)
+
+
+def hot_rows(spark, endpoints, topic) -> list[tuple]:
+    return sorted(_row(r) for r in reader(spark, endpoints, topic, readArchive="false").collect())
+
+
+def assert_exactly_once(rows: list[tuple]) -> None:
+    keys = [(r[1], r[2]) for r in rows]
+    assert len(keys) == len(set(keys)), "a (queue, offset) is in the archive twice"
+
+
+def watermarks(client, topic) -> dict[int, tuple[int, int, int]]:
+    """queue -> (archive_earliest, archived, hot latest)."""
+    return {q["queue"]: (q["archive_earliest"], q["archived"], q["latest"])
+            for q in client.describe_topic(topic)["queue_info"]}
+
+
+def produce_rich(client, topic, count, start=0) -> None:
+    """Keys, tags and properties on most rows; some without a key, tags or properties."""
+    produce(client, topic, count, start=start, tags=lambda i: "TagA" if i % 3 else "")
+    client.produce(topic, [Message(b"no-key", properties={"src": "web", "n": str(start)}),
+                           Message(b"k", key=b"k1", tags="TagB", properties={"x": ""})], queue=1)
+
+
+def data_files(path, topic) -> list[str]:
+    return glob.glob(os.path.join(str(path), f"topic={topic}", "*", "*.parquet"))
+
+
+def rmq(endpoints, *args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints,
+                           *args], capture_output=True, text=True, timeout=timeout)
+
+
+# -------------------------------------------------------------------- tests
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_then_incremental(spark, client, endpoints, topic, tmp_path, fmt):
+    path = tmp_path / "archive"
+    produce_rich(client, topic, 200)
+    lines = run_tier(spark, endpoints, topic, path, fmt, max_offsets_per_trigger=120)
+    assert len(lines) >= 2 and all("committed" in line for line in lines)
+    assert " rows, archived to q0=" in lines[-1] and lines[-1].endswith("lag 0")
+    assert client.describe_topic(topic)["tier"] == f"{fmt}:{path}"
+    rows = archive_rows(spark, path, fmt, topic)
+    assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 202
+    assert_exactly_once(rows)
+    assert {q: (e, a) for q, (e, a, latest) in watermarks(client, topic).items()} == \
+        {q: (0, latest) for q, (_, _, latest) in watermarks(client, topic).items()}
+    for f in data_files(path, topic):       # each file in (queue, offset) order
+        t = pq.read_table(f, columns=["queue", "offset"])
+        keys = list(zip(t.column("queue").to_pylist(), t.column("offset").to_pylist()))
+        assert keys == sorted(keys), f
+
+    produce_rich(client, topic, 100, start=200)
+    run_tier(spark, endpoints, topic)           # the topic's tier config names the archive now
+    rows = archive_rows(spark, path, fmt, topic)
+    assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 304
+    assert_exactly_once(rows)
+    assert all(a == latest for _, a, latest in watermarks(client, topic).values())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_new_checkpoint_starts_where_the_archive_ends(spark, client, endpoints, topic, tmp_path,
+                                                       fmt):
+    path = tmp_path / "archive"
+    produce(client, topic, 100)
+    run_tier(spark, endpoints, topic, path, fmt)
+    produce(client, topic, 40, start=100)
+    run_tier(spark, endpoints, topic, checkpoint=str(tmp_path / "new"))
+    rows = archive_rows(spark, path, fmt, topic)
+    assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 140
+    assert_exactly_once(rows)
+    # The old checkpoint ends below the archive now: resuming it would archive twice.
+    with pytest.raises(TierConfigError, match="another checkpoint"):
+        tier_topic(spark, endpoints, topic)
+    assert len(archive_rows(spark, path, fmt, topic)) == 140
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_killed_mid_batch_then_restarted_archives_each_message_once(spark, client, endpoints,
+                                                                     topic, tmp_path, fmt):
+    path = tmp_path / "archive"
+    produce(client, topic, 800, size=200)
+    ckpt = path / "_rmq_checkpoints" / topic
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints, "tier", topic,
+         "--archive", str(path), "--format", fmt, "--max-offsets-per-trigger", "100"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # kill -9 (the driver and its JVM) while a batch after the first is being written
+        wait_until(lambda: (ckpt / "commits" / "0").exists() or proc.poll() is not None,
+                   timeout=480, what="the first committed batch")
+        assert proc.poll() is None, proc.stdout.read().decode()[-8000:]
+        wait_until(lambda: any((ckpt / "offsets" / str(b)).exists()
+                               and not (ckpt / "commits" / str(b)).exists() for b in range(1, 7)),
+                   timeout=120, interval=0.01, what="a batch in flight")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = watermarks(client, topic)
+    assert any(a < latest for _, a, latest in killed_at.values()), "the run was not cut short"
+
+    run_tier(spark, endpoints, topic)
+    rows = archive_rows(spark, path, fmt, topic)
+    assert_exactly_once(rows)
+    assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 800
+    assert all(a == latest for _, a, latest in watermarks(client, topic).values())
+
+
+def _same_group_topic(client, name: str, queue: int) -> str:
+    """A name whose queue 0 lives in the raft group of (name, queue): same retention passes."""
+    group = client.group_of(name, queue)
+    return next(f"{name}-c{i}" for i in range(1000) if client.group_of(f"{name}-c{i}", 0) == group)
+
+
+def test_hot_segments_go_only_after_they_are_archived(spark, client, endpoints, tmp_path):
+    name, path = "hot-retention", tmp_path / "archive"
+    client.create_topic(name, queues=1, tier=f"delta:{path}", local_retention_ms=1)
+    for i in range(20):                                  # ~320 KiB: several 64 KiB segments
+        client.produce(name, [Message(f"{i}-{j}".encode().ljust(4096, b".")) for j in range(4)],
+                       queue=0)
+    control = _same_group_topic(client, name, 0)        # untiered, same retention, same group
+    client.create_topic(control, queues=1, retention_ms=1)
+    moved = []
+    for round_ in range(2):                              # two passes after the tiered produce
+        for i in range(20):
+            client.produce(control, [Message(b"x" * 4096) for _ in range(4)], queue=0)
+        wait_until(lambda: client.offsets(control)[0].earliest > (moved[-1] if moved else 0),
+                   timeout=60, what="a retention pass on the control topic")
+        moved.append(client.offsets(control)[0].earliest)
+    assert client.offsets(name)[0].earliest == 0         # tiering has not run: nothing deleted
+    assert watermarks(client, name)[0][1] == -1
+
+    lines: list[str] = []                                # a running job this time
+    q = tier_topic(spark, endpoints, name, trigger="500ms", progress=lines.append)
+    try:
+        latest = client.offsets(name)[0].latest
+        wait_until(lambda: watermarks(client, name)[0] == (0, latest, latest), timeout=180,
+                   what="the running job to archive everything")
+        wait_until(lambda: lines and lines[-1].endswith(f"archived to q0={latest}, lag 0"),
+                   timeout=60, what="the progress line of the last batch")
+        wait_until(lambda: client.offsets(name)[0].earliest > 0, timeout=60,
+                   what="hot segments below the archive watermark to be deleted")
+    finally:
+        q.stop()
+    assert 0 < client.offsets(name)[0].earliest <= latest
+    assert len(archive_rows(spark, path, "delta", name)) == latest == 80
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_archive_retention_removes_expired_rows(spark, client, endpoints, tmp_path, fmt):
+    name, path = f"arch-retention-{fmt}", tmp_path / "archive"
+    client.create_topic(name, queues=2, retention_ms=2000, local_retention_ms=3_600_000)
+    produce(client, name, 60, queues=2)
+    run_tier(spark, endpoints, name, path, fmt, retention_check_s=3600)
+    rows = archive_rows(spark, path, fmt, name)
+    assert len(rows) == 60
+    newest_ms = max(r[3] for r in rows).replace(tzinfo=dt.timezone.utc).timestamp() * 1000
+    wait_until(lambda: time.time() * 1000 > newest_ms + 2000 + 100, timeout=30,
+               what="every archived row to be older than the 2 s retention")
+
+    run_tier(spark, endpoints, name, vacuum_retain_hours=0)
+    assert archive_rows(spark, path, fmt, name) == []
+    assert data_files(path, name) == []                  # gone from disk (VACUUM for Delta)
+    assert all(e == a == latest == 30 for e, a, latest in watermarks(client, name).values())
+    if fmt == "delta":
+        ops = [r.operation for r in spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()]
+        assert "DELETE" in ops and "VACUUM END" in ops
+
+
+def test_archive_is_a_delta_table_and_describe_shows_it(spark, client, endpoints, topic,
+                                                         tmp_path):
+    from delta.tables import DeltaTable
+
+    path = tmp_path / "archive"
+    produce(client, topic, 40)
+    run_tier(spark, endpoints, topic, path, "delta")
+    table = DeltaTable.forPath(spark, str(path))
+    history = {r.operation for r in table.history().collect()}
+    assert {"CREATE TABLE", "WRITE"} <= history
+    want = spark.createDataFrame([], layout.ARCHIVE_DDL).schema
+    assert [(f.name, f.dataType) for f in table.toDF().schema] == \
+        [(f.name, f.dataType) for f in want]
+    detail = table.detail().collect()[0]
+    assert detail.partitionColumns == ["topic", "date"]
+    assert detail.properties["delta.enableDeletionVectors"] == "false"
+    assert detail.properties["delta.dataSkippingStatsColumns"] == "queue,offset,timestamp"
+
+    produce(client, topic, 8, start=40)                  # 2 per queue not archived yet
+    out = rmq(endpoints, "topic", "describe", topic)
+    assert out.returncode == 0, out.stderr
+    head, rows = out.stdout.splitlines()[1], out.stdout.splitlines()[3:]
+    assert "archive earliest" in head and "archived to" in head and "tier lag" in head
+    for line in rows:                                    # earliest latest size archive archived lag
+        cells = line.split()
+        assert cells[2:4] == ["0", "12"] and cells[6:9] == ["0", "10", "2"], line
+    d = json.loads(rmq(endpoints, "topic", "describe", topic, "--json").stdout)
+    assert [(q["archive_earliest"], q["archived"]) for q in d["queue_info"]] == [(0, 10)] * 4
+
+
+def test_cli_bad_input_is_refused_and_changes_nothing(client, endpoints, topic, tmp_path):
+    arch = str(tmp_path / "a")
+    cases = [
+        (["tier", topic, "--archive", arch, "--format", "orc"], "invalid choice: 'orc'"),
+        (["tier", topic, "--archive", arch, "--trigger", "soon"], "available-now"),
+        (["tier", topic, "--archive", arch, "--max-offsets-per-trigger", "0"], ">= 1"),
+        (["tier", "no-such-topic", "--archive", arch], "does not exist"),
+        (["tier", topic], "has no tier config"),
+        (["tier", topic, "--archive", arch, "--vacuum-retain", "soon"], "duration"),
+    ]
+    for args, message in cases:
+        out = rmq(endpoints, *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    assert client.describe_topic(topic)["tier"] == "" and not os.path.exists(arch)
+
+    client.alter_topic(topic, tier=f"delta:{arch}")
+    other = str(tmp_path / "b")
+    out = rmq(endpoints, "tier", topic, "--archive", other)
+    assert out.returncode == 2 and f"delta:{arch}" in out.stderr and other in out.stderr
+    out = rmq(endpoints, "tier", topic, "--format", "parquet")
+    assert out.returncode == 2 and "does not match" in out.stderr
+    assert client.describe_topic(topic)["tier"] == f"delta:{arch}" and not os.path.exists(other)
