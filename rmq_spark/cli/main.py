@@ -9,7 +9,9 @@ import argparse
 import base64
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 from ..client import Client, Message, RmqError
@@ -308,6 +310,18 @@ def cmd_cluster(client: Client, a) -> int:
     return 0
 
 
+def _run_until_signalled(query) -> None:
+    """Let a streaming query run until it ends or Ctrl-C / SIGTERM; then stop it
+    between checks (pyspark's own Ctrl-C handler interrupts a py4j call and
+    prints tracebacks)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while query.isActive and not stop.is_set():
+        query.awaitTermination(1)           # raises if the query failed
+    query.stop()
+
+
 def cmd_tier(client: Client, a) -> int:
     """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
     from ..tiering import AVAILABLE_NOW, TierConfigError, TierSettings, start_tiering, sync_watermark
@@ -332,10 +346,7 @@ def cmd_tier(client: Client, a) -> int:
     try:
         query = start_tiering(spark, settings, report)
         if not settings.available_now:
-            try:
-                query.awaitTermination()
-            except KeyboardInterrupt:
-                query.stop()
+            _run_until_signalled(query)
         end = sync_watermark(client, a.topic, settings.checkpoint) or {}
         print(f"archived {a.topic} to " + (" ".join(f"q{q}={o}" for q, o in sorted(end.items())) or "-"))
         return 0

@@ -6,9 +6,9 @@ checkpoint: ``commits/N`` exists only once batch N is in the archive, and
 drop hot segments below it.
 
 ``archive_earliest``: the first offset the archive still holds. Set when a
-queue is archived for the first time (to its hot earliest then: a tiered
-queue without an ``archive`` watermark loses no hot segment, so the archive
-starts exactly there) and by archive retention.
+queue's first rows are archived (to its hot earliest then: hot segments go
+only below the ``archive`` watermark, which has not passed it yet, so the
+archive starts exactly there) and by archive retention.
 """
 from __future__ import annotations
 
@@ -41,10 +41,12 @@ def sync_watermark(client: Client, topic: str, checkpoint: str) -> Positions | N
         return None
     end = done[1]
     info = queue_info(client, topic)
+    # A queue's first archived rows start at its hot earliest: hot segments go only
+    # below the ``archive`` watermark, which has not passed the hot earliest yet.
     first = {q: info[q]["earliest"] for q, off in end.items()
-             if q in info and info[q]["archive_earliest"] < 0 and info[q]["archived"] < 0
-             and off > info[q]["earliest"]}
-    if first:       # before ``archive``: until then the hot earliest cannot move
+             if q in info and info[q]["archive_earliest"] < 0
+             and info[q]["archived"] <= info[q]["earliest"] < off}
+    if first:       # before ``archive``, which lets the hot earliest move
         client.set_watermark(topic, "archive_earliest", first)
     if any(info.get(q, {}).get("archived", -1) < off for q, off in end.items()):
         client.set_watermark(topic, "archive", end)
