@@ -65,8 +65,8 @@ def _row(r) -> tuple:
 
 def archive_rows(spark, path, fmt, topic) -> list[tuple]:
     rows = archive_df(spark, path, fmt, topic).collect()
-    for r in rows:       # date = UTC date of the store time (the session here runs in UTC)
-        assert r.date == r.timestamp.date(), r
+    for r in rows:       # date = UTC date of the store time (pyspark gives naive local times)
+        assert r.date == r.timestamp.astimezone(dt.timezone.utc).date(), r
     return sorted(_row(r) for r in rows)
 
 
@@ -225,7 +225,7 @@ def test_archive_retention_removes_expired_rows(spark, client, endpoints, tmp_pa
     run_tier(spark, endpoints, name, path, fmt, retention_check_s=3600)
     rows = archive_rows(spark, path, fmt, name)
     assert len(rows) == 60
-    newest_ms = max(r[3] for r in rows).replace(tzinfo=dt.timezone.utc).timestamp() * 1000
+    newest_ms = max(r[3] for r in rows).timestamp() * 1000          # naive local time
     wait_until(lambda: time.time() * 1000 > newest_ms + 2000 + 100, timeout=30,
                what="every archived row to be older than the 2 s retention")
 
