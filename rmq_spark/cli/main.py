@@ -81,6 +81,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _streaming_job_args(p, verb: str, home: str) -> None:
+    """Trigger, checkpoint and batch-size arguments shared by the Spark job commands."""
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--available-now", action="store_true",
+                      help=f"{verb} what is there, then stop (the default)")
+    when.add_argument("--trigger", default=None, help="run continuously, a batch every e.g. 30s")
+    p.add_argument("--checkpoint", default=None,
+                   help=f"checkpoint directory (default: {home}/_rmq_checkpoints/TOPIC)")
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None,
+                   help="at most N messages per micro-batch")
+
+
 def _tier_parser(sub) -> None:
     ti = sub.add_parser("tier", help="archive a topic into Delta/Parquet (Spark streaming job)")
     ti.add_argument("topic")
@@ -89,14 +101,7 @@ def _tier_parser(sub) -> None:
                          "if the topic has none)")
     ti.add_argument("--format", choices=["delta", "parquet"], default=None,
                     help="archive format (default: the topic's, else delta)")
-    when = ti.add_mutually_exclusive_group()
-    when.add_argument("--available-now", action="store_true",
-                      help="archive what is there, then stop (the default)")
-    when.add_argument("--trigger", default=None, help="run continuously, a batch every e.g. 30s")
-    ti.add_argument("--checkpoint", default=None,
-                    help="checkpoint directory (default: ARCHIVE/_rmq_checkpoints/TOPIC)")
-    ti.add_argument("--max-offsets-per-trigger", type=int, default=None,
-                    help="at most N messages per micro-batch")
+    _streaming_job_args(ti, "archive", "ARCHIVE")
     ti.add_argument("--vacuum-retain", default="168h",
                     help="Delta archive retention: VACUUM retain period (default 168h)")
 
@@ -107,15 +112,9 @@ def _compact_parser(sub) -> None:
     cp.add_argument("topic")
     cp.add_argument("--table", default=None,
                     help="Delta table directory (default: the topic's; recorded there if none)")
-    when = cp.add_mutually_exclusive_group()
-    when.add_argument("--available-now", action="store_true",
-                      help="compact what is there, then stop (the default)")
-    when.add_argument("--trigger", default=None, help="run continuously, a batch every e.g. 30s")
-    cp.add_argument("--checkpoint", default=None,
-                    help="checkpoint directory (default: TABLE/_rmq_checkpoints/TOPIC)")
+    _streaming_job_args(cp, "compact", "TABLE")
     cp.add_argument("--buckets", type=int, default=32,
                     help="key buckets (partitions) of a new table, for point lookups")
-    cp.add_argument("--max-offsets-per-trigger", type=int, default=None)
     g = sub.add_parser("get", help="latest value of a key in a compact topic (or --prefix scan)")
     g.add_argument("topic")
     g.add_argument("key")
