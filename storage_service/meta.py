@@ -16,6 +16,7 @@ __all__ = ["MetaState", "TOPIC_DEFAULTS", "queue_growth_error"]
 TOPIC_DEFAULTS = {
     "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
     "cleanup_policy": "delete", "tier": "", "local_retention_ms": 0,
+    "delete_retention_ms": 86400_000, "min_compaction_lag_ms": 0,
 }
 
 
@@ -59,7 +60,7 @@ class MetaState:
             # Checked here too: two concurrent alters may both pass the servicer.
             return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
         self.topics[name].update(changes)
-        return ("ok", self.topics[name])
+        return ("ok", {**TOPIC_DEFAULTS, **self.topics[name]})
 
     def _cmd_delete_topic(self, raft_index, name: str):
         cfg = self.topics.pop(name, None)
@@ -90,7 +91,8 @@ class MetaState:
     def topic(self, name: str) -> dict | None:
         with self.lock:
             t = self.topics.get(name)
-            return dict(t) if t else None
+            # Defaults first: a topic created before a setting existed reads its default.
+            return {**TOPIC_DEFAULTS, **t} if t else None
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         with self.lock:

@@ -18,6 +18,7 @@ import grpc
 from . import codec
 from .errors import NotLeader, ServiceError, not_found
 from .groupcommit import CommitFailed, GroupCommitter
+from .compaction import CompactionPolicy, cleanable_end, compact_queue
 from .meta import MetaState
 from .raft import RaftGroup, RaftTiming
 from .retention import SegmentInfo, retention_cutoff
@@ -70,6 +71,8 @@ class StorageNode:
             self.states[g] = st
             self.groups[g] = self._raft(g, st)
             self.committers[g] = GroupCommitter(self.groups[g], max_entry_bytes=config.max_batch_bytes * 2)
+        # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
+        self._compacted: dict = {}
         self._running = True
         self._bg = threading.Thread(target=self._background, name="retention", daemon=True)
         self._bg.start()
@@ -222,7 +225,9 @@ class StorageNode:
         data = ql.read(start, max_bytes)
         keep = 0
         for h in codec.iter_batches(data, verify=False):
-            if h.base_offset >= end:
+            # The first batch goes even when it starts at or past end: on a
+            # compacted queue the records in [start, end) may all be gone.
+            if keep and h.base_offset >= end:
                 break
             keep = h.position + h.size
         return data[:keep]
@@ -235,6 +240,10 @@ class StorageNode:
                 self.enforce_retention()
             except Exception:
                 log.exception("retention pass failed")
+            try:
+                self.compact_queues()
+            except Exception:
+                log.exception("compaction pass failed")
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """On groups this node leads: propose prefix truncation and queue drops."""
@@ -258,7 +267,35 @@ class StorageNode:
                     proposed += 1
         return proposed
 
+    def compact_queues(self, now_ms: int | None = None) -> int:
+        """On every replica: drop superseded records of ``compact`` topics (see compaction.py).
+
+        A queue is looked at again only when its cleanable end moved or a
+        kept tombstone's delete-retention ran out. Returns records dropped.
+        """
+        now_ms = now_ms or int(time.time() * 1000)
+        dropped = 0
+        for st in self.states.values():
+            for name, ql in list(st.queues.items()):
+                topic, inc, q = parse_queue_dir(name)
+                cfg = self.meta.topic(topic)
+                if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
+                    continue
+                policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
+                                          cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"])
+                settings = (cleanable_end(ql, policy), policy.delete_retention_ms)
+                last = self._compacted.get(name)
+                if last is not None and last[0] == settings and not (
+                        last[1].next_tombstone_expiry_ms and last[1].next_tombstone_expiry_ms <= now_ms):
+                    continue
+                res = compact_queue(ql, policy)
+                self._compacted[name] = (settings, res)
+                dropped += res.records_dropped
+        return dropped
+
     def _cutoff(self, cfg: dict, q: int, ql, now_ms: int) -> int:
+        if cfg["cleanup_policy"] == "compact":
+            return ql.earliest      # kept by key, not by age or size (Kafka's cleanup.policy=compact)
         with ql.lock:
             segs = [SegmentInfo(s.base, s.next_offset, s.size, s.last_ts) for s in ql.segments]
         tiered = bool(cfg.get("tier"))

@@ -27,11 +27,20 @@ __all__ = ["QueueLog", "Segment"]
 log = logging.getLogger(__name__)
 
 IDX_ENTRY = struct.Struct("<QQ")
+SEGMENT_FILES = ("log", "idx", "tix")
 TIX_ENTRY = struct.Struct("<qQ")
 
 
 def _name(base: int, ext: str) -> str:
     return f"{base:020d}.{ext}"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
@@ -96,6 +105,7 @@ class QueueLog:
 
     # ------------------------------------------------------------------ open
     def _open(self) -> None:
+        self._finish_swaps()
         bases = sorted(int(f[:-4]) for f in os.listdir(self.path) if f.endswith(".log"))
         self._earliest = self._read_earliest()
         for base in bases[:-1]:
@@ -106,6 +116,28 @@ class QueueLog:
             self._new_segment(self._earliest)
         self._earliest = max(self._earliest, self.segments[0].base)
         self._open_writer()
+
+    def _finish_swaps(self) -> None:
+        """Complete a compaction swap cut short by a crash, or drop its leftovers.
+
+        ``replace_segment`` writes ``.cleaned`` files, then a ``.swap`` marker,
+        then renames: a marker means the cleaned files are whole (finish the
+        renames), no marker means they may not be (delete them).
+        """
+        names = os.listdir(self.path)
+        for f in names:
+            if f.endswith(".swap"):
+                base = int(f[:-5])
+                for ext in SEGMENT_FILES:
+                    cleaned = os.path.join(self.path, _name(base, ext) + ".cleaned")
+                    if os.path.exists(cleaned):
+                        os.replace(cleaned, os.path.join(self.path, _name(base, ext)))
+                os.unlink(os.path.join(self.path, f))
+                log.warning("queue %s: finished the compaction swap of segment %d after a restart",
+                            self.path, base)
+        for f in os.listdir(self.path):
+            if f.endswith(".cleaned"):
+                os.unlink(os.path.join(self.path, f))
 
     def _read_earliest(self) -> int:
         try:
@@ -233,13 +265,14 @@ class QueueLog:
         return sum(s.size for s in self.segments)
 
     # --------------------------------------------------------------- writes
-    def append(self, frame, h: codec.BatchHeader) -> None:
-        """Append one framed batch whose base offset must equal next_offset.
+    def append(self, frame, h: codec.BatchHeader, gap_ok: bool = False) -> None:
+        """Append one framed batch whose base offset must equal next_offset
+        (or be past it, with ``gap_ok``: a compacted peer's batch).
 
         ``frame`` is the batch's bytes, or its parts (``codec.frame_parts``).
         """
         with self.lock:
-            if h.base_offset != self.next_offset:
+            if h.base_offset != self.next_offset and not (gap_ok and h.base_offset > self.next_offset):
                 raise ValueError(f"append at {h.base_offset} but queue {self.path} is at {self.next_offset}")
             seg = self.segments[-1]
             if seg.size >= self.segment_bytes:
@@ -263,13 +296,62 @@ class QueueLog:
             self._dirty = True
 
     def append_frames(self, frames: bytes) -> int:
-        """Append already-framed batches (peer catch-up). Returns batches written."""
+        """Append already-framed batches (peer catch-up). Returns batches written.
+
+        A compacted peer's batches may start past ``next_offset`` (records
+        dropped in between); the gap is kept, offsets never shift.
+        """
         n = 0
         mv = memoryview(frames)
         for h in codec.iter_batches(mv):
-            self.append(bytes(mv[h.position:h.position + h.size]), h)
+            self.append(bytes(mv[h.position:h.position + h.size]), h, gap_ok=True)
             n += 1
         return n
+
+    def replace_segment(self, seg: Segment, frames: list[bytes]) -> bool:
+        """Swap a sealed segment's batches for ``frames`` (compaction).
+
+        The frames must cover the same offset range (the segment's last record
+        kept). Written to ``.cleaned`` files first; returns False and changes
+        nothing when the segment was deleted (retention) in the meantime.
+        Readers holding the old file keep reading it (``read`` dups the fd).
+        """
+        cleaned = {ext: seg.file(ext) + ".cleaned" for ext in SEGMENT_FILES}
+        idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
+        with open(cleaned["log"], "wb") as f:
+            for frame in frames:
+                h = next(codec.iter_batches(frame, verify=False))
+                if since >= self.index_interval:
+                    idx.append((h.base_offset, pos))
+                    tix.append((h.store_ts, h.base_offset))
+                    since = 0
+                if first_ts < 0:
+                    first_ts = h.store_ts
+                f.write(frame)
+                since += len(frame)
+                pos += len(frame)
+            f.flush()
+            os.fsync(f.fileno())
+        for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
+            self._rewrite(cleaned[ext], st, pairs)
+            with open(cleaned[ext], "rb+") as f:
+                os.fsync(f.fileno())
+        with self.lock:
+            if not any(s is seg for s in self.segments):
+                for path in cleaned.values():
+                    os.unlink(path)
+                return False
+            marker = os.path.join(self.path, f"{seg.base:020d}.swap")
+            open(marker, "wb").close()
+            _fsync_dir(self.path)
+            for ext in SEGMENT_FILES:
+                os.replace(cleaned[ext], seg.file(ext))
+            os.unlink(marker)
+            _fsync_dir(self.path)
+            seg.close()
+            seg.size = pos
+            seg.first_ts = first_ts
+        return True
 
     def _roll(self) -> None:
         self.sync()
@@ -301,7 +383,7 @@ class QueueLog:
             while len(self.segments) > 1 and self.segments[1].base <= offset:
                 seg = self.segments.pop(0)
                 seg.close()
-                for ext in ("log", "idx", "tix"):
+                for ext in SEGMENT_FILES:
                     try:
                         os.unlink(seg.file(ext))
                     except FileNotFoundError:
@@ -322,7 +404,7 @@ class QueueLog:
         with self.lock:
             for seg in self.segments:
                 seg.close()
-                for ext in ("log", "idx", "tix"):
+                for ext in SEGMENT_FILES:
                     try:
                         os.unlink(seg.file(ext))
                     except FileNotFoundError:
@@ -341,22 +423,32 @@ class QueueLog:
                 seg.close()
 
     # ---------------------------------------------------------------- reads
-    def _segment_for(self, offset: int) -> Segment | None:
-        bases = [s.base for s in self.segments]
-        i = bisect.bisect_right(bases, offset) - 1
-        return self.segments[i] if i >= 0 else None
-
     def read(self, offset: int, max_bytes: int) -> bytes:
-        """Whole batches from the one holding ``offset``, about max_bytes (at least one batch)."""
-        with self.lock:
-            if offset < self._earliest or offset >= self.next_offset:
-                return b""
-            seg = self._segment_for(offset)
-            if seg is None:
-                return b""
-            fd = seg.open_fd()
-            size = seg.size
-            idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
+        """Whole batches from the one holding ``offset``, about max_bytes (at least one batch).
+
+        After compaction ``offset`` may fall in a gap: the read starts at the
+        next batch with a record at or after it.
+        """
+        while True:
+            with self.lock:
+                if offset < self._earliest or offset >= self.next_offset:
+                    return b""
+                i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
+                seg = self.segments[i]
+                following = self.segments[i + 1].base if i + 1 < len(self.segments) else None
+                # A private fd: compaction or retention may close the segment's.
+                fd = os.dup(seg.open_fd())
+                size = seg.size
+                idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
+            try:
+                out = self._read_segment(seg, fd, size, idx, offset, max_bytes)
+            finally:
+                os.close(fd)
+            if out or following is None:
+                return out
+            offset = max(offset, following)   # nothing at or after offset here: the next segment
+
+    def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int, max_bytes: int) -> bytes:
         pos = 0
         if idx:
             i = bisect.bisect_right([o for o, _ in idx], offset) - 1

@@ -16,7 +16,7 @@ import grpc
 
 from . import codec, records
 from .errors import ServiceError, invalid
-from .meta import queue_growth_error
+from .meta import TOPIC_DEFAULTS, queue_growth_error
 from .node import StorageNode
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .routing import GRPC_OPTIONS, META_GROUP
@@ -29,7 +29,8 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
-ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "queues")
+ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "delete_retention_ms",
+             "min_compaction_lag_ms", "queues")
 DEFAULT_FETCH_BYTES = 1 << 20
 MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
@@ -64,7 +65,8 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
     check_topic_name(c.name)
     if not 1 <= c.queues <= 4096:
         raise invalid(f"queues={c.queues}: must be between 1 and 4096")
-    for field in ("retention_ms", "retention_bytes", "local_retention_ms"):
+    for field in ("retention_ms", "retention_bytes", "local_retention_ms", "delete_retention_ms",
+                  "min_compaction_lag_ms"):
         if getattr(c, field) < 0:
             raise invalid(f"{field}={getattr(c, field)}: must be >= 0 (0 = unlimited)")
     if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
@@ -102,7 +104,10 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         check_config(c)
         cfg = {"name": c.name, "queues": c.queues, "retention_ms": c.retention_ms,
                "retention_bytes": c.retention_bytes, "cleanup_policy": c.cleanup_policy or "delete",
-               "tier": c.tier, "local_retention_ms": c.local_retention_ms}
+               "tier": c.tier, "local_retention_ms": c.local_retention_ms,
+               "delete_retention_ms": (c.delete_retention_ms if c.HasField("delete_retention_ms")
+                                       else TOPIC_DEFAULTS["delete_retention_ms"]),
+               "min_compaction_lag_ms": c.min_compaction_lag_ms}
         created = self.node.meta_command(("create_topic", cfg, int(time.time() * 1000)))
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
@@ -132,7 +137,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ListTopics(self, request, context):
         with self.node.meta.lock:
-            topics = [config_to_pb(t) for _, t in sorted(self.node.meta.topics.items())]
+            topics = [config_to_pb({**TOPIC_DEFAULTS, **t}) for _, t in sorted(self.node.meta.topics.items())]
         return rmq_pb2.ListTopicsResponse(topics=topics)
 
     @_guard

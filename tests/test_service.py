@@ -451,3 +451,64 @@ def test_threads_one_after_another_each_get_their_own_producer(client):
         t.join()
     assert [r.duplicate for r in results] == [False, False, False]
     assert client.offsets("thread-reuse")[0].latest == 30
+
+
+# ------------------------------------------------------------ hot-log compaction
+def _read_keyed(client, topic: str, queue: int, address=None) -> list[tuple[int, bytes, bytes | None]]:
+    out, off = [], 0
+    while True:
+        res = client.fetch(topic, queue, off, max_bytes=256 << 10, from_follower=address is not None,
+                           address=address)
+        out += [(r.offset, r.key, r.value) for r in res.records]
+        if res.next_offset >= res.latest:
+            return out
+        off = res.next_offset
+
+
+def _last_per_key(recs) -> dict:
+    return {k: (o, v) for o, k, v in recs}
+
+
+def test_hot_compaction_keeps_each_keys_latest_record_on_every_replica(cluster, client):
+    name = "hot-compaction"
+    client.create_topic(name, queues=1, cleanup_policy="compact")
+    # 40 keys updated 20 times each, 1 KiB values: ~13 segments of 64 KiB; keys 0-4 deleted.
+    for round_ in range(20):
+        client.produce(name, [Message(key=b"k%02d" % k, value=b"%04d" % round_ + b"." * 1020)
+                              for k in range(40)], queue=0)
+    client.produce(name, [Message(key=b"k%02d" % k, value=None) for k in range(5)], queue=0)
+    for _ in range(13):      # a tail of 130 KiB in separate appends: the segments below get sealed
+        client.produce(name, [Message(key=b"tail", value=b"x" * 1024)] * 10, queue=0)
+    before = _read_keyed(client, name, 0)
+    assert len(before) == 935
+    # Nothing goes before the compaction job reports a watermark.
+    time.sleep(1.2)
+    assert _read_keyed(client, name, 0) == before
+    client.set_watermark(name, "compaction", {0: 805})    # the updates and deletes, not the tail
+
+    def compacted(address=None):
+        recs = _read_keyed(client, name, 0, address)
+        return recs if len(recs) < 200 else None
+    for address in [None, *cluster.addresses]:
+        after = wait_until(lambda: compacted(address), what=f"compaction on {address or 'the leader'}")
+        assert set(after) <= set(before)                            # nothing changed, only dropped
+        assert _last_per_key(after) == _last_per_key(before)        # every key's latest value stays
+        assert [r for r in after if r[0] >= 805] == [r for r in before if r[0] >= 805]
+        # The tombstones are younger than delete-retention (24 h): a reader from earliest sees them.
+        assert [(o, k) for o, k, v in after if v is None] == [(800 + k, b"k%02d" % k) for k in range(5)]
+    offs = client.offsets(name)[0]
+    assert (offs.earliest, offs.latest) == (0, 935)
+    # Delete-retention shortened to 1 ms: the deletes themselves go (but a segment's last record stays).
+    cfg = client.alter_topic(name, delete_retention_ms=1)
+    assert cfg["delete_retention_ms"] == 1
+    wait_until(lambda: len([r for r in _read_keyed(client, name, 0) if r[2] is None]) <= 1,
+               what="expired tombstones to go")
+    assert {k for _, k, v in _read_keyed(client, name, 0) if v is not None} >= {b"k%02d" % k for k in range(5, 40)}
+
+
+def test_compaction_settings_are_checked_and_shown(client):
+    cfg = client.create_topic("compact-settings", queues=1, cleanup_policy="compact", min_compaction_lag_ms=5000)
+    assert (cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"]) == (86_400_000, 5000)
+    with pytest.raises(InvalidArgument, match="delete_retention_ms=-1: must be >= 0"):
+        client.alter_topic("compact-settings", delete_retention_ms=-1)
+    assert client.describe_topic("compact-settings")["delete_retention_ms"] == 86_400_000

@@ -38,12 +38,18 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--tier", default="", help="tiered storage: delta:PATH or parquet:PATH")
     c.add_argument("--local-retention", default="0",
                    help="hot retention on the nodes for a tiered topic, e.g. 1h (0 = --retention)")
-    al = ts.add_parser("alter", help="change retention or tiering of a topic")
+    c.add_argument("--delete-retention", default="24h",
+                   help="compact topics: how long a tombstone stays readable in the log")
+    c.add_argument("--min-compaction-lag", default="0",
+                   help="compact topics: records younger than this are never compacted away")
+    al = ts.add_parser("alter", help="change retention, tiering or compaction settings of a topic")
     al.add_argument("name")
     al.add_argument("--retention", default=None)
     al.add_argument("--retention-bytes", default=None)
     al.add_argument("--tier", default=None)
     al.add_argument("--local-retention", default=None)
+    al.add_argument("--delete-retention", default=None)
+    al.add_argument("--min-compaction-lag", default=None)
     al.add_argument("--queues", type=int, default=None, help="grow the topic to N queues")
     ts.add_parser("list", help="list topics")
     d = ts.add_parser("describe", help="config and per-queue offsets")
@@ -125,21 +131,35 @@ def _compact_parser(sub) -> None:
 
 
 # ---------------------------------------------------------------------- topic
+def _compaction_settings(cfg: dict) -> str:
+    if cfg["cleanup_policy"] != "compact":
+        return ""
+    def dur(ms):
+        return _dur(ms) if ms else "0"
+    return (f", delete retention {dur(cfg['delete_retention_ms'])}, "
+            f"min compaction lag {dur(cfg['min_compaction_lag_ms'])}")
+
+
 def cmd_topic(client: Client, a) -> int:
     if a.action == "create":
         cfg = client.create_topic(a.name, queues=a.queues, retention_ms=parse_duration_ms(a.retention),
                                   retention_bytes=parse_size_bytes(a.retention_bytes),
                                   cleanup_policy=a.cleanup_policy, tier=a.tier,
-                                  local_retention_ms=parse_duration_ms(a.local_retention))
+                                  local_retention_ms=parse_duration_ms(a.local_retention),
+                                  delete_retention_ms=parse_duration_ms(a.delete_retention),
+                                  min_compaction_lag_ms=parse_duration_ms(a.min_compaction_lag))
         print(f"created topic {cfg['name']} with {cfg['queues']} queues")
     elif a.action == "alter":
         opt = lambda v, f: None if v is None else f(v)  # noqa: E731
         cfg = client.alter_topic(a.name, retention_ms=opt(a.retention, parse_duration_ms),
                                  retention_bytes=opt(a.retention_bytes, parse_size_bytes), tier=a.tier,
                                  local_retention_ms=opt(a.local_retention, parse_duration_ms),
-                                 queues=a.queues)
+                                 queues=a.queues,
+                                 delete_retention_ms=opt(a.delete_retention, parse_duration_ms),
+                                 min_compaction_lag_ms=opt(a.min_compaction_lag, parse_duration_ms))
         print(f"altered topic {cfg['name']}: {cfg['queues']} queues, retention {_dur(cfg['retention_ms'])}, "
-              f"tier {cfg['tier'] or 'none'}, local retention {_dur(cfg['local_retention_ms'])}")
+              f"tier {cfg['tier'] or 'none'}, local retention {_dur(cfg['local_retention_ms'])}"
+              + _compaction_settings(cfg))
     elif a.action == "list":
         rows = [[t["name"], t["queues"], t["cleanup_policy"], _dur(t["retention_ms"])]
                 for t in client.list_topics()]
@@ -152,7 +172,8 @@ def cmd_topic(client: Client, a) -> int:
         print(f"topic {d['name']}: {d['queues']} queues, policy {d['cleanup_policy']}, "
               f"retention {_dur(d['retention_ms'])}, retention-bytes "
               f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}"
-              + (f", tier {d['tier']}, local retention {_dur(d['local_retention_ms'])}" if d["tier"] else ""))
+              + (f", tier {d['tier']}, local retention {_dur(d['local_retention_ms'])}" if d["tier"] else "")
+              + _compaction_settings(d))
         def opt_off(v):
             return v if v >= 0 else "-"
         rows = [[q["queue"], q["group"], q["earliest"], q["latest"], human_bytes(q["size_bytes"])]

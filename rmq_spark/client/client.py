@@ -184,23 +184,31 @@ class Client:
     # -------------------------------------------------------------- topics
     def create_topic(self, name: str, queues: int = 4, retention_ms: int = 0,
                      retention_bytes: int = 0, cleanup_policy: str = "delete", tier: str = "",
-                     local_retention_ms: int = 0) -> dict:
+                     local_retention_ms: int = 0, delete_retention_ms: int | None = None,
+                     min_compaction_lag_ms: int = 0) -> dict:
+        """Create a topic. ``delete_retention_ms`` (None = 24 h) and
+        ``min_compaction_lag_ms`` apply to ``cleanup_policy="compact"``: how long
+        a tombstone stays readable, and how long a record is never compacted."""
         cfg = rmq_pb2.TopicConfig(name=name, queues=queues, retention_ms=retention_ms,
                                   retention_bytes=retention_bytes, cleanup_policy=cleanup_policy,
-                                  tier=tier, local_retention_ms=local_retention_ms)
+                                  tier=tier, local_retention_ms=local_retention_ms,
+                                  delete_retention_ms=delete_retention_ms,
+                                  min_compaction_lag_ms=min_compaction_lag_ms)
         resp = self.call("CreateTopic", rmq_pb2.CreateTopicRequest(config=cfg), group=META_GROUP)
         return _cfg_dict(resp.config)
 
     def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
                     tier: str | None = None, local_retention_ms: int | None = None,
-                    queues: int | None = None) -> dict:
-        """Change retention or tiering of an existing topic, or grow its queue count
-        (None leaves a field as is). ``queues`` may only grow; the new queues start
+                    queues: int | None = None, delete_retention_ms: int | None = None,
+                    min_compaction_lag_ms: int | None = None) -> dict:
+        """Change retention, tiering or compaction settings of an existing topic, or
+        grow its queue count (None leaves a field as is). ``queues`` may only grow; the new queues start
         empty at offset 0 and existing queues keep their data and raft group."""
         req = rmq_pb2.AlterTopicRequest(name=name)
         for field, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes),
                              ("tier", tier), ("local_retention_ms", local_retention_ms),
-                             ("queues", queues)):
+                             ("queues", queues), ("delete_retention_ms", delete_retention_ms),
+                             ("min_compaction_lag_ms", min_compaction_lag_ms)):
             if value is not None:
                 setattr(req, field, value)
         return _cfg_dict(self.call("AlterTopic", req, group=META_GROUP).config)
@@ -428,5 +436,6 @@ class _OutcomeStatus:
 def _cfg_dict(c: rmq_pb2.TopicConfig) -> dict:
     return dict(name=c.name, queues=c.queues, retention_ms=c.retention_ms,
                 retention_bytes=c.retention_bytes, cleanup_policy=c.cleanup_policy, tier=c.tier,
-                local_retention_ms=c.local_retention_ms, incarnation=c.incarnation,
+                local_retention_ms=c.local_retention_ms, delete_retention_ms=c.delete_retention_ms,
+                min_compaction_lag_ms=c.min_compaction_lag_ms, incarnation=c.incarnation,
                 created_ms=c.created_ms)
