@@ -12,29 +12,37 @@ import pytest
 from rmq_spark.client import Message
 from rmq_spark.compaction import CompactedTable, CompactionConfigError, KeyLookup, compact_topic
 
+from ..conftest import wait_until
+
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 
-def _produce_updates(client, topic, n, keys, queues, seed, prefix="v"):
+def _produce_updates(client, topic, n, keys, queues, seed, prefix="v", pad=0, first_key=0):
     """``n`` updates of ``keys`` random keys; each key always goes to the same queue."""
     rng = random.Random(seed)
     by_queue = {}
     for i in range(n):
-        k = rng.randrange(keys)
+        k = first_key + rng.randrange(keys)
         by_queue.setdefault(k % queues, []).append(
-            Message(f"{prefix}{i}".encode(), key=f"key-{k:05d}".encode()))
+            Message(f"{prefix}{i}".encode() + b"." * pad, key=f"key-{k:05d}".encode()))
     for q, msgs in by_queue.items():
         for j in range(0, len(msgs), 200):
             client.produce(topic, msgs[j:j + 200], queue=q)
 
 
-def _expected(spark, endpoints, topic):
+def _last_records(spark, endpoints, topic):
+    """key -> (value or None for a delete, queue, offset) of the key's last record in the topic."""
     rows = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
             .load().select("key", "value", "queue", "offset").collect())
     last = {}
     for r in sorted(rows, key=lambda r: (r.queue, r.offset)):
-        last[bytes(r.key)] = (bytes(r.value), r.queue, r.offset)
+        last[bytes(r.key)] = (None if r.value is None else bytes(r.value), r.queue, r.offset)
     return last
+
+
+def _expected(spark, endpoints, topic):
+    """The table a from-scratch recomputation over the topic gives: live keys only."""
+    return {k: v for k, v in _last_records(spark, endpoints, topic).items() if v[0] is not None}
 
 
 def _table(spark, path):
@@ -167,6 +175,32 @@ def test_tombstone_deletes_the_key_and_replay_rebuilds_the_table(spark, client, 
     compact_topic(spark, endpoints, topic + "-r", other)
     assert {k: v[0] for k, v in _table(spark, other).items()} == \
         {k: v[0] for k, v in _table(spark, table).items()} == {b"c": b"3"}
+
+
+def test_hot_log_compaction_behind_the_job_keeps_replay_equal_to_the_table(spark, client, endpoints,
+                                                                          compact):
+    topic, table = compact
+    # ~3 MB of updates to 150 keys in 64 KiB segments, and deletes of 10 keys.
+    _produce_updates(client, topic, 3000, keys=150, queues=3, seed=7, pad=1000)
+    client.produce(topic, [Message(None, key=f"key-{k:05d}".encode()) for k in range(0, 30, 3)], queue=0)
+    _produce_updates(client, topic, 300, keys=120, queues=3, seed=8, prefix="w", pad=1000, first_key=30)
+
+    def records_in_topic():
+        return (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+                .load().count())
+    produced = records_in_topic()
+    assert produced == 3310
+    compact_topic(spark, endpoints, topic, table)
+    # The job's watermark lets every replica drop superseded records below it.
+    wait_until(lambda: records_in_topic() < produced // 2, timeout=60, what="hot-log compaction")
+    offsets = client.offsets(topic)
+    assert [o.earliest for o in offsets] == [0, 0, 0] and sum(o.latest for o in offsets) == produced
+    # Replaying what is left from earliest gives the table: every key's latest value,
+    # and every delete (tombstones younger than delete-retention stay in the log).
+    last = _last_records(spark, endpoints, topic)
+    assert _table(spark, table) == {k: v for k, v in last.items() if v[0] is not None}
+    deleted = {k for k, v in last.items() if v[0] is None}
+    assert deleted and all(KeyLookup(client, topic).latest(k) is None for k in deleted)
 
 
 def test_keyless_produce_to_a_compact_topic_fails(client, compact):
