@@ -53,6 +53,8 @@ def parse_tier(spec: str, what: str = "tier") -> Tier | None:
 
 
 def archive_frame(df):
-    """A ``rocketmq`` DataFrame in the archive's column order, with ``date``."""
+    """A ``rocketmq`` DataFrame in the archive's column order, with ``date``:
+    the UTC date of the store time, whatever the session's time zone."""
     from pyspark.sql import functions as F
-    return df.select(*DATA_COLUMNS, "topic", F.to_date(F.col("timestamp")).alias("date"))
+    day = F.floor(F.unix_micros(F.col("timestamp")) / 86_400_000_000).cast("int")
+    return df.select(*DATA_COLUMNS, "topic", F.date_from_unix_date(day).alias("date"))
