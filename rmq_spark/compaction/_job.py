@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rmq_spark.archive import layout
+from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client
 from rmq_spark.spark import session_conf
 from rmq_spark.tiering import _checkpoint
@@ -143,7 +144,8 @@ def _ensure_table(spark, s: CompactSettings) -> int:
     (DeltaTable.createIfNotExists(spark).location(s.table).addColumns(schema)
      .partitionedBy("bucket").property("delta.enableDeletionVectors", "false")
      .property(BUCKETS_PROPERTY, str(s.buckets)).execute())
-    props = DeltaTable.forPath(spark, s.table).detail().collect()[0]["properties"] or {}
+    # Properties from the log itself: DeltaTable.detail() costs Spark jobs on every run.
+    props = (delta_log(s.table) or ([], {}))[1]
     got = DeltaTable.forPath(spark, s.table).toDF().schema
     if [f.name for f in got] != [f.name for f in schema]:
         raise CompactionConfigError(f"Delta table {s.table} is not a compacted table: its "

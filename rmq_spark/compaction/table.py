@@ -14,6 +14,7 @@ milliseconds for a million keys on a local disk. Deletion vectors are off
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rmq_spark.archive.reader import delta_file_path, delta_log
+
+_COMMIT = re.compile(r"\d{20}\.json")
 
 __all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "TABLE_DDL", "bucket_of", "CompactedTable",
            "TableRow"]
@@ -65,9 +68,11 @@ class CompactedTable:
         return os.path.isdir(os.path.join(self.path, "_delta_log"))
 
     def _refresh(self) -> None:
-        log_dir = os.path.join(self.path, "_delta_log")
+        # The newest commit file: every change to the table adds one. (Not the
+        # newest name of any kind: _staged_commits / _last_checkpoint sort last.)
         try:
-            stamp = max(os.scandir(log_dir), key=lambda e: e.name).name
+            stamp = max(n for n in os.listdir(os.path.join(self.path, "_delta_log"))
+                        if _COMMIT.fullmatch(n))
         except (FileNotFoundError, ValueError):
             self._by_bucket, self._stamp = {}, None
             return

@@ -81,6 +81,13 @@ def test_point_lookup_and_prefix_scan(spark, client, endpoints, compact):
     assert t.get(b"no-such-key") is None
     scanned = t.scan(b"key-0000")
     assert [r.key for r in scanned] == sorted(k for k in want if k.startswith(b"key-0000"))
+    # The same objects see a later commit (a long-lived lookup must not serve a stale table).
+    look = KeyLookup(client, topic)
+    assert look.latest(b"late-key") is None
+    client.produce(topic, [Message(b"late", key=b"late-key")], queue=0)
+    compact_topic(spark, endpoints, topic)
+    assert t.get(b"late-key").value == b"late"
+    assert look.latest(b"late-key").value == b"late"
 
 
 def test_replayed_batch_is_applied_once(spark, client, endpoints, compact, tmp_path):
