@@ -111,6 +111,40 @@ def test_replayed_batch_is_applied_once(spark, client, endpoints, compact, tmp_p
     assert ops.count("MERGE") == 1                              # the replay was skipped
 
 
+def test_killed_mid_batch_then_restarted_equals_a_recomputation(spark, client, endpoints, compact):
+    """kill -9 of the job (driver and JVM) while a MERGE is in flight, then a rerun."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    topic, table = compact
+    _produce_updates(client, topic, 900, keys=200, queues=3, seed=11)
+    client.produce(topic, [Message(None, key=f"key-{k:05d}".encode()) for k in range(0, 60, 3)], queue=0)
+    ckpt = os.path.join(table, "_rmq_checkpoints", topic)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints, "compact", topic,
+         "--table", table, "--max-offsets-per-trigger", "200"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: os.path.exists(os.path.join(ckpt, "commits", "0")) or proc.poll() is not None,
+                   timeout=480, what="the first committed batch")
+        assert proc.poll() is None, proc.stdout.read().decode()[-8000:]
+        wait_until(lambda: any(os.path.exists(os.path.join(ckpt, "offsets", str(b)))
+                               and not os.path.exists(os.path.join(ckpt, "commits", str(b)))
+                               for b in range(1, 9)),
+                   timeout=120, interval=0.01, what="a batch in flight")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    compacted = {q["queue"]: q["compacted"] for q in client.describe_topic(topic)["queue_info"]}
+    assert any(compacted[o.queue] < o.latest for o in client.offsets(topic)), "the run was not cut short"
+    compact_topic(spark, endpoints, topic)
+    assert _table(spark, table) == _expected(spark, endpoints, topic)
+    assert {q["queue"]: q["compacted"] for q in client.describe_topic(topic)["queue_info"]} == \
+        {o.queue: o.latest for o in client.offsets(topic)}
+
+
 def test_an_older_record_never_overwrites_a_newer_one(spark, client, endpoints, compact):
     """Key k goes to queue 2 first, then to queue 0 in a later batch: (0, x) < (2, y)."""
     topic, table = compact
