@@ -239,8 +239,9 @@ def test_snapshot_follows_checkpoints_and_removes(spark, tmp_path):
     path = str(tmp_path / "t")
     base = spark.range(0, 30).selectExpr("cast(id % 2 as int) as queue", "id as offset",
                                          "current_timestamp() as timestamp", "'t' as topic")
-    for i in range(12):                      # past Delta's checkpoint interval of 10 commits
-        base.where(f"offset % 12 = {i}").write.format("delta").mode("append").save(path)
+    for i in range(4):                       # past the table's checkpoint interval of 3 commits
+        (base.where(f"offset % 4 = {i}").coalesce(1).write.format("delta")
+         .option("delta.checkpointInterval", "3").mode("append").save(path))
     spark.sql(f"DELETE FROM delta.`{path}` WHERE offset < 6")
     assert any(n.endswith(".checkpoint.parquet") for n in os.listdir(path + "/_delta_log"))
     snap = load_snapshot(layout.Tier("delta", path))

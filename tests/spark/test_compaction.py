@@ -61,7 +61,7 @@ def compact(client, tmp_path, request):
 def test_latest_value_wins_within_and_across_batches(spark, client, endpoints, compact):
     topic, table = compact
     _produce_updates(client, topic, 1500, keys=300, queues=3, seed=1)
-    compact_topic(spark, endpoints, topic, table, max_offsets_per_trigger=600)
+    compact_topic(spark, endpoints, topic, table, max_offsets_per_trigger=800)   # 2 batches
     assert _table(spark, table) == _expected(spark, endpoints, topic)
     _produce_updates(client, topic, 800, keys=400, queues=3, seed=2, prefix="w")
     compact_topic(spark, endpoints, topic)                      # resumes; table from config
