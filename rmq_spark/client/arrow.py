@@ -85,23 +85,64 @@ def empty_batch() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
 
 
+def _concat_var(parts: list[tuple[np.ndarray, memoryview]]) -> tuple[np.ndarray, bytes]:
+    """One (offsets, data) pair out of several variable-length columns, in order."""
+    lens = np.fromiter((int(off[-1]) for off, _ in parts), np.int64, len(parts))
+    bases = np.concatenate([[0], np.cumsum(lens)])
+    off = np.concatenate([off[:-1].astype(np.int64) + base for (off, _), base in zip(parts, bases)]
+                         + [bases[-1:]]).astype(np.int32)
+    return off, b"".join(data for _, data in parts)
+
+
+def _blocks_to_arrow(blocks: list[tuple[codec.BatchHeader, records.Columns]], topic: str,
+                     queue: int) -> pa.RecordBatch:
+    """Several stored batches as one RecordBatch, built once per column (not per batch:
+    a fetch holds hundreds of batches, and per-batch Arrow arrays plus a concatenation
+    cost more than the data)."""
+    counts = [c.n for _, c in blocks]
+    n = sum(counts)
+    offsets = np.concatenate([h.base_offset + c.offset_delta.astype(np.int64) for h, c in blocks])
+    store_us = np.repeat(np.fromiter((h.store_ts for h, _ in blocks), np.int64, len(blocks)), counts) * 1000
+    born_us = np.concatenate([c.born_ts for _, c in blocks]).astype(np.int64) * 1000
+    flags = np.concatenate([c.flags for _, c in blocks])
+    key_off, key_data = _concat_var([(c.key_off, c.key_data) for _, c in blocks])
+    value_off, value_data = _concat_var([(c.value_off, c.value_data) for _, c in blocks])
+    tags_off, tags_data = _concat_var([(c.tags_off, c.tags_data) for _, c in blocks])
+    prop_off, _ = _concat_var([(c.prop_off, b"") for _, c in blocks])
+    pk_off, pk_data = _concat_var([(c.pk_off, c.pk_data) for _, c in blocks])
+    pv_off, pv_data = _concat_var([(c.pv_off, c.pv_data) for _, c in blocks])
+    m = int(prop_off[-1])
+    props = pa.MapArray.from_arrays(pa.array(prop_off, pa.int32()),
+                                    _var(pa.string(), m, pk_off, pk_data),
+                                    _var(pa.string(), m, pv_off, pv_data))
+    cols = [
+        _var(pa.binary(), n, key_off, key_data, _validity((flags & records.FLAG_KEY) != 0)),
+        _var(pa.binary(), n, value_off, value_data, _validity((flags & records.FLAG_NULL_VALUE) == 0)),
+        _constant_strings(topic, n),
+        pa.array(np.full(n, queue, np.int32)),
+        pa.array(offsets),
+        pa.array(store_us).cast(ARROW_SCHEMA.field("timestamp").type),
+        pa.array(born_us).cast(ARROW_SCHEMA.field("born_timestamp").type),
+        _var(pa.string(), n, tags_off, tags_data),
+        props,
+        _msg_ids(topic, queue, offsets),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
+
+
 def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
                      end: int | None = None) -> pa.RecordBatch:
     """All records of the fetched ``buf`` with start <= offset < end, as one RecordBatch."""
-    parts = []
-    for h, cols in codec.iter_blocks(buf):
-        if h.last_offset < start or (end is not None and h.base_offset >= end):
-            continue
-        rb = _block_to_arrow(h, cols, topic, queue)
-        if h.base_offset < start or (end is not None and h.last_offset >= end):
-            offs = rb.column(4).to_numpy()
-            i0 = int(np.searchsorted(offs, start))
-            i1 = len(offs) if end is None else int(np.searchsorted(offs, end))
-            rb = rb.slice(i0, i1 - i0)
-        if rb.num_rows:
-            parts.append(rb)
-    if not parts:
+    blocks = [(h, cols) for h, cols in codec.iter_blocks(buf)
+              if h.last_offset >= start and (end is None or h.base_offset < end)]
+    if not blocks:
         return empty_batch()
-    if len(parts) == 1:
-        return parts[0]
-    return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
+    rb = (_block_to_arrow(*blocks[0], topic, queue) if len(blocks) == 1
+          else _blocks_to_arrow(blocks, topic, queue))
+    first, last = blocks[0][0], blocks[-1][0]
+    if first.base_offset < start or (end is not None and last.last_offset >= end):
+        offs = rb.column(4).to_numpy()
+        i0 = int(np.searchsorted(offs, start))
+        i1 = len(offs) if end is None else int(np.searchsorted(offs, end))
+        rb = rb.slice(i0, i1 - i0)
+    return rb
