@@ -38,7 +38,6 @@ Progress goes to stderr, the table to stdout; ``--plot`` saves a bar chart.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -51,7 +50,7 @@ import pyarrow.parquet as pq
 
 # tiering and spark_read live next to this file; importing them puts the checkout on sys.path.
 from spark_read import BENCH_DIR, QUEUES
-from tiering import alternate, batch_seconds, check_produced
+from tiering import alternate, batch_seconds, check_produced, setup_run, write_json
 
 log = logging.getLogger("bench.compaction")
 UPDATE_RATIOS = (0.10, 0.90)
@@ -350,9 +349,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    setup_run()
     load = {"start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="rmq-bench-compact-") as root:
         ratios, lookups = measure_all(root, args)
@@ -362,9 +359,7 @@ def main(argv=None) -> int:
         plot(ratios, lookups, args.plot)
         log.info("chart saved to %s", args.plot)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"compaction": ratios, "lookups": lookups, "load_average": load,
-                       "cores": os.cpu_count(), "args": vars(args)}, f, indent=2)
+        write_json(args.json, {"compaction": ratios, "lookups": lookups}, load, args)
     return 0
 
 

@@ -262,11 +262,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def setup_run() -> None:
+    """Progress lines on stderr; Spark's Python workers run this interpreter."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def write_json(path: str, results: dict, load: dict, args) -> None:
+    with open(path, "w") as f:
+        json.dump({**results, "load_average": load, "cores": os.cpu_count(), "args": vars(args)},
+                  f, indent=2)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    setup_run()
     from rmq_spark.spark import session_builder
 
     load = {"start": os.getloadavg()[0]}
@@ -290,9 +301,7 @@ def main(argv=None) -> int:
         plot(tiering, history, args.size, args.plot)
         log.info("chart saved to %s", args.plot)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tiering": tiering, "history": history, "load_average": load,
-                       "cores": os.cpu_count(), "args": vars(args)}, f, indent=2)
+        write_json(args.json, {"tiering": tiering, "history": history}, load, args)
     return 0
 
 

@@ -75,9 +75,11 @@ def _keys(cols: records.Columns) -> list[bytes]:
     return [bytes(kd[ko[i]:ko[i + 1]]) for i in range(cols.n)]
 
 
-def compact_queue(ql: QueueLog, p: CompactionPolicy) -> CompactionResult:
-    """One compaction pass over the sealed segments of ``ql`` below the cleanable end."""
-    end = cleanable_end(ql, p)
+def compact_queue(ql: QueueLog, p: CompactionPolicy, end: int | None = None) -> CompactionResult:
+    """One compaction pass over the sealed segments of ``ql`` below the cleanable end
+    (``end``, when the caller has computed ``cleanable_end`` already)."""
+    if end is None:
+        end = cleanable_end(ql, p)
     earliest = ql.earliest
     with ql.lock:
         segs = [s for s in ql.segments[:-1] if s.base < end and s.next_offset > earliest]

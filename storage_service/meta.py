@@ -60,7 +60,7 @@ class MetaState:
             # Checked here too: two concurrent alters may both pass the servicer.
             return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
         self.topics[name].update(changes)
-        return ("ok", {**TOPIC_DEFAULTS, **self.topics[name]})
+        return ("ok", self.topics[name])
 
     def _cmd_delete_topic(self, raft_index, name: str):
         cfg = self.topics.pop(name, None)
@@ -91,8 +91,7 @@ class MetaState:
     def topic(self, name: str) -> dict | None:
         with self.lock:
             t = self.topics.get(name)
-            # Defaults first: a topic created before a setting existed reads its default.
-            return {**TOPIC_DEFAULTS, **t} if t else None
+            return dict(t) if t else None
 
     def committed(self, group: str, topic: str) -> dict[int, int]:
         with self.lock:
@@ -119,7 +118,9 @@ class MetaState:
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
         with self.lock:
-            self.topics, self.offsets, self.watermarks = d["topics"], d["offsets"], d["watermarks"]
+            # Defaults first: a topic snapshotted before a setting existed gets its default.
+            self.topics = {n: {**TOPIC_DEFAULTS, **t} for n, t in d["topics"].items()}
+            self.offsets, self.watermarks = d["offsets"], d["watermarks"]
             self.deleted = d.get("deleted", {})
 
     def close(self) -> None:

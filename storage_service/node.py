@@ -283,12 +283,13 @@ class StorageNode:
                     continue
                 policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
                                           cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"])
-                settings = (cleanable_end(ql, policy), policy.delete_retention_ms)
+                end = cleanable_end(ql, policy)
+                settings = (end, policy.delete_retention_ms)
                 last = self._compacted.get(name)
                 if last is not None and last[0] == settings and not (
                         last[1].next_tombstone_expiry_ms and last[1].next_tombstone_expiry_ms <= now_ms):
                     continue
-                res = compact_queue(ql, policy)
+                res = compact_queue(ql, policy, end)
                 self._compacted[name] = (settings, res)
                 dropped += res.records_dropped
         return dropped

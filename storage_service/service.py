@@ -137,7 +137,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ListTopics(self, request, context):
         with self.node.meta.lock:
-            topics = [config_to_pb({**TOPIC_DEFAULTS, **t}) for _, t in sorted(self.node.meta.topics.items())]
+            topics = [config_to_pb(t) for _, t in sorted(self.node.meta.topics.items())]
         return rmq_pb2.ListTopicsResponse(topics=topics)
 
     @_guard
