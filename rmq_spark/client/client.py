@@ -217,10 +217,12 @@ class Client:
         self.call("DeleteTopic", rmq_pb2.DeleteTopicRequest(name=name), group=META_GROUP)
 
     def list_topics(self) -> list[dict]:
-        return [_cfg_dict(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest()).topics]
+        return [_cfg_dict(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest(),
+                                                      group=META_GROUP).topics]
 
     def describe_topic(self, name: str) -> dict:
-        resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name))
+        # The metadata leader has applied every topic change it acknowledged.
+        resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name), group=META_GROUP)
         d = _cfg_dict(resp.config)
         d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
                                 size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,

@@ -22,17 +22,24 @@ SPARK_HOME = os.path.dirname(pyspark.__file__)
 DRIVER = os.path.join(os.path.dirname(__file__), "_standalone_driver.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: all sockets are held until every port is picked
+    (one at a time, the OS may hand the same port out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _alive_workers(ui_port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as r:
             return json.load(r).get("aliveworkers", 0)
-    except OSError:
+    except (OSError, ValueError):      # not up yet, or not answering JSON yet
         return 0
 
 
@@ -41,7 +48,7 @@ def standalone(tmp_path):
     env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(tmp_path / "work"),
            "SPARK_LOG_DIR": str(tmp_path / "logs")}
-    port, ui = _free_port(), _free_port()
+    port, ui, worker_ui = _free_ports(3)
     cls = os.path.join(SPARK_HOME, "bin", "spark-class")
     procs = []
     with open(tmp_path / "master.log", "w") as mlog, open(tmp_path / "worker.log", "w") as wlog:
@@ -51,7 +58,7 @@ def standalone(tmp_path):
         procs.append(subprocess.Popen(
             [cls, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
              "--host", "127.0.0.1", "--cores", "2", "--memory", "1g", "--webui-port",
-             str(_free_port())], env=env, stdout=wlog, stderr=subprocess.STDOUT))
+             str(worker_ui)], env=env, stdout=wlog, stderr=subprocess.STDOUT))
     try:
         wait_until(lambda: _alive_workers(ui) == 1, timeout=90, interval=0.5,
                    what=f"a standalone worker (logs in {tmp_path})")
