@@ -37,11 +37,13 @@ def _parse(argv):
 
 
 def run_node(args) -> int:
+    from ._malloc import reuse_big_buffers
     from .node import NodeConfig, StorageNode
     from .raft import RaftTiming
     from .service import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    reuse_big_buffers()
     addresses = tuple(a.strip() for a in args.nodes.split(",") if a.strip())
     if not 0 <= args.id < len(addresses):
         print(f"--id {args.id} is not an index into --nodes (0..{len(addresses) - 1})", file=sys.stderr)

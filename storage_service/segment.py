@@ -429,6 +429,12 @@ class QueueLog:
         After compaction ``offset`` may fall in a gap: the read starts at the
         next batch with a record at or after it.
         """
+        data = self.read_view(offset, max_bytes)
+        return data if isinstance(data, bytes) else data.tobytes()
+
+    def read_view(self, offset: int, max_bytes: int) -> bytes | memoryview:
+        """``read``, but the answer may be a view of what was read from the file
+        (the batches before ``offset`` cut off) instead of a copy."""
         while True:
             with self.lock:
                 if offset < self._earliest or offset >= self.next_offset:
@@ -448,35 +454,42 @@ class QueueLog:
                 return out
             offset = max(offset, following)   # nothing at or after offset here: the next segment
 
-    def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int, max_bytes: int) -> bytes:
+    def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int,
+                      max_bytes: int) -> bytes | memoryview:
         pos = 0
         if idx:
             i = bisect.bisect_right([o for o, _ in idx], offset) - 1
             if i >= 0:
                 pos = idx[i][1]
-        out: list[bytes] = []
+        out: list[memoryview] = []
         total = 0
         hs = codec.BATCH_HEADER.size
         while pos < size and total < max_bytes:
             first_len = hs + codec.BATCH_HEADER.unpack(os.pread(fd, hs, pos))[0]
             want = min(max(max_bytes - total, first_len, 64 << 10), size - pos)
-            data = os.pread(fd, want, pos)
+            data = memoryview(os.pread(fd, want, pos))
             end = self._whole_prefix(data)
             if end == 0:
                 raise codec.CorruptBatch(pos, f"segment {seg.file('log')} ends inside a batch")
             # CRC-check every batch parsed, also the ones skipped: a bad header
             # must never make a read silently jump over data.
-            for h in codec.iter_batches(memoryview(data)[:end]):
+            first = stop = None
+            for h in codec.iter_batches(data[:end]):
                 if h.last_offset < offset:
                     continue
                 if total and total + h.size > max_bytes:
                     end = 0
                     break
-                out.append(data[h.position:h.position + h.size])
+                first = h.position if first is None else first
+                stop = h.position + h.size
                 total += h.size
+            if first is not None:
+                out.append(data[first:stop])     # the kept batches are contiguous: one view, no copy
             if end == 0:
                 break
             pos += end
+        if len(out) == 1:
+            return out[0].obj if len(out[0]) == len(out[0].obj) else out[0]
         return b"".join(out)
 
     @staticmethod

@@ -18,6 +18,7 @@ from . import codec, records
 from .errors import ServiceError, invalid
 from .meta import TOPIC_DEFAULTS, queue_growth_error
 from .node import StorageNode
+from .fetchwire import encode_fetch_response
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .routing import GRPC_OPTIONS, META_GROUP
 from .tagfilter import filter_batches, parse_tag_expression
@@ -315,13 +316,13 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             ql = self._wait_for_data(cfg, request, g)
         batches = b""
         if ql is not None:
-            batches = ql.read(request.offset, min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
+            batches = ql.read_view(request.offset, min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
             batches = self._cap_messages(batches, request.offset, request.max_messages)
             earliest, latest = ql.earliest, ql.next_offset
         nxt = codec.next_offset(batches, request.offset)
         batches = filter_batches(batches, wanted)
-        return rmq_pb2.FetchResponse(batches=batches, next_offset=nxt, earliest=earliest,
-                                     latest=latest, served_by=self.node.config.address)
+        # Encoded here, not through a FetchResponse object: see fetchwire.
+        return encode_fetch_response(batches, nxt, earliest, latest, self.node.config.address)
 
     def _wait_for_data(self, cfg, request, g):
         st = self.node.states[g]
@@ -335,7 +336,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                 st.cond.wait(left)
 
     @staticmethod
-    def _cap_messages(batches: bytes, offset: int, max_messages: int) -> bytes:
+    def _cap_messages(batches: bytes | memoryview, offset: int, max_messages: int) -> bytes | memoryview:
         if not max_messages:
             return batches
         keep = 0
@@ -446,11 +447,28 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=codec.next_offset(data, request.offset))
 
 
+SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"]
+
+
+def _method_handlers(servicer: MessageLogService) -> dict[str, grpc.RpcMethodHandler]:
+    """What ``add_MessageLogServicer_to_server`` registers, except that Fetch
+    returns its response already encoded (``fetchwire``) and gRPC sends those bytes."""
+    handlers = {}
+    for m in SERVICE.methods:
+        request, response = getattr(rmq_pb2, m.input_type.name), getattr(rmq_pb2, m.output_type.name)
+        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, m.name), request_deserializer=request.FromString,
+            response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
+    return handlers
+
+
 def serve(node: StorageNode, workers: int = 64) -> grpc.Server:
     from concurrent.futures import ThreadPoolExecutor
     server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
                          options=GRPC_OPTIONS)
-    rmq_pb2_grpc.add_MessageLogServicer_to_server(MessageLogService(node), server)
+    handlers = _method_handlers(MessageLogService(node))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
     host, port = node.config.address.rsplit(":", 1)
     server.add_insecure_port(f"{host}:{port}")
     server.start()

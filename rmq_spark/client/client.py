@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import grpc
 
 from storage_service import codec, records
+from storage_service.fetchwire import FetchReply, decode_fetch_response
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.errors import LEADER_METADATA_KEY
 from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
@@ -103,6 +104,9 @@ def decode_records(topic: str, queue: int, batches: bytes, start: int,
     return out
 
 
+FETCH_SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"].full_name
+
+
 class Client:
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
                  producer_id: str | None = None, attempt_timeout: float = 5.0):
@@ -110,6 +114,7 @@ class Client:
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
         self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, rmq_pb2_grpc.MessageLogStub] = {}
         self._routes: dict[int, str] = {}
         self._groups: int | None = None
         self._lock = threading.Lock()
@@ -120,10 +125,17 @@ class Client:
     # ------------------------------------------------------------ plumbing
     def _stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
         with self._lock:
-            ch = self._channels.get(address)
-            if ch is None:
+            stub = self._stubs.get(address)
+            if stub is None:
                 ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-        return rmq_pb2_grpc.MessageLogStub(ch)
+                stub = self._stubs[address] = rmq_pb2_grpc.MessageLogStub(ch)
+                # Fetch answers are parsed by fetchwire: the batches stay a view of
+                # the received message instead of being copied into a FetchResponse.
+                stub.Fetch = ch.unary_unary(f"/{FETCH_SERVICE}/Fetch",
+                                            request_serializer=rmq_pb2.FetchRequest.SerializeToString,
+                                            response_deserializer=decode_fetch_response,
+                                            _registered_method=True)
+        return stub
 
     def _candidates(self, group: int | None) -> list[str]:
         self._rr += 1
@@ -355,7 +367,7 @@ class Client:
         return rb, resp.next_offset, resp.earliest, resp.latest
 
     def fetch_raw(self, topic: str, queue: int, offset: int, max_bytes: int = 0,
-                  from_follower: bool = False) -> rmq_pb2.FetchResponse:
+                  from_follower: bool = False) -> FetchReply:
         req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_bytes=max_bytes,
                                    allow_follower=from_follower)
         group = None if from_follower else self.group_of(topic, queue)
@@ -410,6 +422,7 @@ class Client:
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
+            self._stubs.clear()
 
     def __enter__(self) -> "Client":
         return self

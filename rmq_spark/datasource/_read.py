@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange
 from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch
+from storage_service._malloc import reuse_big_buffers
 from storage_service.tagfilter import parse_tag_expression
 
 from ._options import ReadOptions
@@ -126,6 +127,7 @@ def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
 
 def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow RecordBatches, one per fetch."""
+    reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
     client = Client(opts.endpoints)
     pool = ThreadPoolExecutor(1, thread_name_prefix="rmq-prefetch")
     try:
