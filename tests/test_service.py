@@ -218,6 +218,23 @@ def test_fetch_arrow_matches_record_fetch(client, topic):
         assert round(row["timestamp"].timestamp() * 1000) == rec.store_timestamp
 
 
+def test_fetch_answer_reads_with_the_generated_stub_too(client, topic):
+    """The node encodes Fetch answers by hand (fetchwire): a client generated from
+    the .proto alone must parse them into the same FetchResponse."""
+    for i in range(0, 30, 10):
+        client.produce(topic, [f"m{j}".encode() for j in range(i, i + 10)], queue=2)
+    ours = client.fetch_raw(topic, 2, 13)
+    addr = ours.served_by
+    with grpc.insecure_channel(addr) as ch:
+        theirs = rmq_pb2_grpc.MessageLogStub(ch).Fetch(
+            rmq_pb2.FetchRequest(topic=topic, queue=2, offset=13, allow_follower=True), timeout=10)
+    assert (theirs.next_offset, theirs.earliest, theirs.latest, theirs.served_by) == \
+        (ours.next_offset, ours.earliest, ours.latest, addr) == (30, 0, 30, addr)
+    assert theirs.batches == bytes(ours.batches) and theirs.batches
+    # the batch of offsets 0-9 is not sent; the one holding 13 is, and the decoder skips 10-12
+    assert [r.offset for r in client.fetch(topic, 2, 13).records] == list(range(13, 30))
+
+
 def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
     client.create_topic("ret-tier", queues=1, retention_ms=86_400_000, tier="delta:/tmp/x",
                         local_retention_ms=500)
