@@ -1,7 +1,7 @@
 """The replicated state machine of the metadata raft group (no network here).
 
-Holds topic configs, consumer-group offsets and per-queue watermarks (archive
-and compaction). It is small, so its snapshot is the whole state as JSON.
+Holds topic configs, consumer-group offsets, per-queue watermarks (archive
+and compaction) and job leases. It is small, so its snapshot is the whole state as JSON.
 Apply never raises: a rejected command returns ``("error", code, message)``
 so every replica reaches the same verdict.
 """
@@ -31,6 +31,7 @@ class MetaState:
         self.offsets: dict[str, dict[str, dict[str, int]]] = {}      # group -> topic -> {q: off}
         self.watermarks: dict[str, dict[str, dict[str, int]]] = {}   # topic -> kind -> {q: off}
         self.deleted: dict[str, str] = {}   # incarnation -> topic name, for queue cleanup
+        self.leases: dict[str, dict[str, list]] = {}       # topic -> kind -> [owner, expires_ms]
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, cmd: tuple):
@@ -67,6 +68,7 @@ class MetaState:
         if cfg is None:
             return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
         self.watermarks.pop(name, None)
+        self.leases.pop(name, None)
         self.deleted[cfg["incarnation"]] = name
         for topics in self.offsets.values():
             topics.pop(name, None)
@@ -86,6 +88,22 @@ class MetaState:
         for q, o in offsets.items():   # watermarks only move forward
             cur[str(q)] = max(int(o), cur.get(str(q), -1))
         return ("ok", None)
+
+    def _cmd_lease(self, raft_index, topic: str, kind: str, owner: str, ttl_ms: int, now_ms: int):
+        """Take, renew (ttl_ms > 0) or release (0) ``owner``'s lease; ("ok", (granted,
+        holder, expires_ms)). A lease held by another owner is taken only once it lapsed."""
+        if topic not in self.topics:
+            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
+        leases = self.leases.setdefault(topic, {})
+        cur = leases.get(kind)
+        free = cur is None or cur[0] == owner or cur[1] <= now_ms
+        if not free:
+            return ("ok", (False, cur[0], cur[1]))
+        if ttl_ms == 0:
+            leases.pop(kind, None)
+            return ("ok", (True, "", 0))
+        leases[kind] = [owner, now_ms + ttl_ms]
+        return ("ok", (True, owner, now_ms + ttl_ms))
 
     # ---------------------------------------------------------------- queries
     def topic(self, name: str) -> dict | None:
@@ -113,7 +131,8 @@ class MetaState:
     def snapshot(self) -> bytes:
         with self.lock:
             return json.dumps({"topics": self.topics, "offsets": self.offsets,
-                               "watermarks": self.watermarks, "deleted": self.deleted}).encode()
+                               "watermarks": self.watermarks, "deleted": self.deleted,
+                               "leases": self.leases}).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
@@ -122,6 +141,7 @@ class MetaState:
             self.topics = {n: {**TOPIC_DEFAULTS, **t} for n, t in d["topics"].items()}
             self.offsets, self.watermarks = d["offsets"], d["watermarks"]
             self.deleted = d.get("deleted", {})
+            self.leases = d.get("leases", {})
 
     def close(self) -> None:
         pass

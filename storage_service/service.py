@@ -30,6 +30,8 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
+LEASE_KINDS = ("tier",)
+MAX_LEASE_MS = 86_400_000
 ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "delete_retention_ms",
              "min_compaction_lag_ms", "queues")
 DEFAULT_FETCH_BYTES = 1 << 20
@@ -415,6 +417,22 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                 raise invalid(f"watermark {off} for queue {q} is negative")
         self.node.meta_command(("set_watermark", request.topic, request.kind, dict(request.offsets)))
         return rmq_pb2.SetWatermarkResponse()
+
+    @_guard
+    def Lease(self, request, context):
+        check_topic_name(request.topic)
+        self.node.topic(request.topic)
+        if request.kind not in LEASE_KINDS:
+            raise invalid(f"kind={request.kind!r}: allowed {', '.join(LEASE_KINDS)}")
+        if not 1 <= len(request.owner) <= 512:
+            raise invalid(f"owner has {len(request.owner)} characters: give 1-512")
+        if not 0 <= request.ttl_ms <= MAX_LEASE_MS:
+            raise invalid(f"ttl_ms={request.ttl_ms}: use 1-{MAX_LEASE_MS} to take or renew, "
+                          "0 to release")
+        granted, holder, expires = self.node.meta_command(
+            ("lease", request.topic, request.kind, request.owner, request.ttl_ms,
+             int(time.time() * 1000)))
+        return rmq_pb2.LeaseResponse(granted=granted, holder=holder, expires_ms=expires)
 
     # ----------------------------------------------------------------- status
     @_guard

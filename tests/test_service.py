@@ -1,6 +1,7 @@
 """Produce, fetch, offsets, long-poll, consumer offsets and errors on a real 3-node cluster."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -529,3 +530,37 @@ def test_compaction_settings_are_checked_and_shown(client):
     with pytest.raises(InvalidArgument, match="delete_retention_ms=-1: must be >= 0"):
         client.alter_topic("compact-settings", delete_retention_ms=-1)
     assert client.describe_topic("compact-settings")["delete_retention_ms"] == 86_400_000
+
+
+def test_job_lease_over_the_cluster(client, topic):
+    from rmq_spark.tiering._lease import LeaseLost, TierLease
+    from rmq_spark.tiering.errors import TierConfigError
+
+    a = TierLease(client, topic, "/ck/a", ttl_s=0.5)
+    a.take()
+    with pytest.raises(TierConfigError, match=r"being tiered by another job \(checkpoint /ck/a\)"):
+        TierLease(client, topic, "/ck/b", ttl_s=30).take()
+    TierLease(client, topic, "/ck/a", ttl_s=0.5).take()          # the same checkpoint: at once
+    time.sleep(0.7)                                              # a's lease lapses unrenewed
+    b = TierLease(client, topic, "/ck/b", ttl_s=30)
+    b.take()
+    with pytest.raises(LeaseLost, match="checkpoint /ck/b holds it"):
+        a.check()
+    b.release()
+    a.take()                                                     # released: free at once
+    a.release()
+
+
+@pytest.mark.parametrize("kwargs,what", [
+    (dict(kind="nope"), "kind='nope': allowed tier"),
+    (dict(owner=""), "owner has 0 characters"),
+    (dict(ttl_ms=-1), "ttl_ms=-1"),
+    (dict(ttl_ms=10**12), "ttl_ms=1000000000000"),
+    (dict(topic="no-such-topic"), "does not exist"),
+])
+def test_bad_lease_requests_name_the_field(client, topic, kwargs, what):
+    args = dict(topic=topic, kind="tier", owner="o", ttl_ms=1000) | kwargs
+    with pytest.raises((InvalidArgument, NotFound), match=re.escape(what)):
+        client.lease(**args)
+    assert client.lease(topic, "tier", "o", 1000)[0]             # nothing was taken by the bad ones
+    client.lease(topic, "tier", "o", 0)

@@ -402,6 +402,16 @@ class Client:
         req = rmq_pb2.SetWatermarkRequest(topic=topic, kind=kind, offsets=offsets)
         self.call("SetWatermark", req, group=META_GROUP)
 
+    def lease(self, topic: str, kind: str, owner: str, ttl_ms: int) -> tuple[bool, str, int]:
+        """Take or renew ``owner``'s lease on (topic, kind) for ``ttl_ms`` (0 releases it).
+
+        Returns (granted, holder, expires_ms): granted is False while another
+        owner's lease runs, and then holder/expires_ms name it. Retrying is safe.
+        """
+        r = self.call("Lease", rmq_pb2.LeaseRequest(topic=topic, kind=kind, owner=owner, ttl_ms=ttl_ms),
+                      group=META_GROUP)
+        return r.granted, r.holder, r.expires_ms
+
     # -------------------------------------------------------------- status
     def cluster_status(self) -> dict:
         resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest())

@@ -15,7 +15,8 @@ only (``readArchive=false``). After each committed batch a monitor (the
 caller's thread for ``available-now``, a daemon thread otherwise) moves the
 watermark to the batch's end, prints a progress line and, for Parquet, runs
 archive retention; Delta's retention runs inside ``foreachBatch``, between
-appends, so a DELETE never races an append.
+appends, so a DELETE never races an append. One job per topic: the job holds
+the topic's ``tier`` lease while it runs (``_lease``).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from rmq_spark.spark import session_conf
 
 from . import _checkpoint
 from ._config import AVAILABLE_NOW, DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
+from ._lease import LeaseLost, TierLease
 from ._retention import ArchiveRetention
 from ._watermark import archived_positions, queue_info, start_positions, sync_watermark
 from .errors import TierConfigError
@@ -138,10 +140,20 @@ class _Run:
         self._synced: int | None = None        # last batch whose end is the watermark
         self._end: dict[int, int] = {}
         self._app_id: str | None = None
+        self.lease = TierLease(client, settings.topic, os.path.normpath(settings.checkpoint))
 
     # ------------------------------------------------------------ start
     def start(self):
-        """Prepare (table, checkpoint, watermark, retention) and start the query."""
+        """Take the topic's lease, prepare (table, checkpoint, watermark, retention)
+        and start the query."""
+        self.lease.take()
+        try:
+            return self._start()
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _start(self):
         s = self.s
         with session_conf(self.spark, self._conf()):
             if s.tier.format == "delta":
@@ -218,6 +230,7 @@ class _Run:
 
     # ----------------------------------------------------------- writer
     def _delta_batch(self, df, batch_id: int) -> None:
+        self.lease.check()          # a job whose lease lapsed must not append
         if self._app_id is None:
             self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
         (df.sortWithinPartitions(*layout.PARTITION_COLUMNS, "queue", "offset")
@@ -238,14 +251,29 @@ class _Run:
                 except Exception as e:       # the query failed: record what it committed
                     failure = e
                     break
+                if not self._keep_lease(query):
+                    continue                 # stopped: the next wait ends the loop
                 self._safe_poll(query)
             self.poll(query, final=True)
         finally:
+            self.lease.release()
             self.client.close()
         if failure is not None:
             if self.s.available_now:
                 raise failure
             log.error("tiering query of %s failed: %s", self.s.topic, failure)
+
+    def _keep_lease(self, query) -> bool:
+        """Renew the lease when due; stop the query if another job took the topic."""
+        try:
+            self.lease.renew_if_due()
+        except LeaseLost as e:
+            log.error("%s", e)
+            query.stop()
+            return False
+        except Exception:                    # unreachable for now: renewed before each append
+            log.warning("tiering %s: lease renewal failed; retrying", self.s.topic, exc_info=True)
+        return True
 
     def _safe_poll(self, query) -> None:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import json
+import re
 import os
 import signal
 import subprocess
@@ -211,10 +212,21 @@ def test_hot_segments_go_only_after_they_are_archived(spark, client, endpoints, 
                    timeout=60, what="the progress line of the last batch")
         wait_until(lambda: client.offsets(name)[0].earliest > 0, timeout=60,
                    what="hot segments below the archive watermark to be deleted")
+        # One job per topic: a second one (another checkpoint) is refused while this runs.
+        with pytest.raises(TierConfigError, match=r"being tiered by another job \(checkpoint "
+                           + re.escape(str(path / "_rmq_checkpoints" / name))):
+            tier_topic(spark, endpoints, name, checkpoint=str(tmp_path / "second"))
+        assert not (tmp_path / "second").exists()
     finally:
         q.stop()
     assert 0 < client.offsets(name)[0].earliest <= latest
     assert len(archive_rows(spark, path, "delta", name)) == latest == 80
+    # Stopped: its monitor gives the lease back, and another checkpoint may start
+    # (where the archive ends: it archives nothing twice).
+    wait_until(lambda: client.lease(name, "tier", "probe", 1)[0], timeout=30,
+               what="the stopped job to release its lease")
+    tier_topic(spark, endpoints, name, checkpoint=str(tmp_path / "second"))
+    assert len(archive_rows(spark, path, "delta", name)) == 80
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
