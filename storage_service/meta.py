@@ -127,6 +127,12 @@ class MetaState:
         with self.lock:
             return {int(q): o for q, o in self.watermarks.get(topic, {}).get(kind, {}).items()}
 
+    def lease(self, topic: str, kind: str, now_ms: int) -> tuple[str, int]:
+        """(owner, expires_ms) of a lease still running at ``now_ms``, else ("", 0)."""
+        with self.lock:
+            cur = self.leases.get(topic, {}).get(kind)
+            return (cur[0], cur[1]) if cur and cur[1] > now_ms else ("", 0)
+
     # --------------------------------------------------------------- snapshot
     def snapshot(self) -> bytes:
         with self.lock:

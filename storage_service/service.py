@@ -153,7 +153,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         archived = self.node.meta.watermark(cfg["name"], "archive")
         archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
         compacted = self.node.meta.watermark(cfg["name"], "compaction")
-        resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg))
+        job, job_expires = self.node.meta.lease(cfg["name"], "tier", int(time.time() * 1000))
+        resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg), tier_job=job,
+                                             tier_job_expires_ms=job_expires)
         for q in range(cfg["queues"]):
             g, ql = self.node.queue_log(cfg, q)
             resp.queues.add(queue=q, group=g, earliest=ql.earliest if ql else 0,

@@ -1,9 +1,10 @@
-"""Parsing and printing helpers for the CLI: durations, sizes, tables."""
+"""Parsing and printing helpers for the CLI: durations, sizes, tables, times."""
 from __future__ import annotations
 
+import datetime as dt
 import re
 
-__all__ = ["parse_duration_ms", "parse_size_bytes", "table", "human_bytes"]
+__all__ = ["parse_duration_ms", "parse_size_bytes", "table", "human_bytes", "utc_text"]
 
 _DUR = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _SIZE = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40,
@@ -43,3 +44,8 @@ def table(rows: list[list], header: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def utc_text(ms: int) -> str:
+    """Unix ms -> '2026-11-21 20:47:36 UTC'."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

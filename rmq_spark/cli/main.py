@@ -15,7 +15,7 @@ import threading
 import time
 
 from ..client import Client, Message, RmqError
-from ._format import human_bytes, parse_duration_ms, parse_size_bytes, table
+from ._format import human_bytes, parse_duration_ms, parse_size_bytes, table, utc_text
 
 __all__ = ["main"]
 
@@ -184,6 +184,10 @@ def cmd_topic(client: Client, a) -> int:
         if d["tier"]:
             head += ["archive earliest", "archived to", "tier lag"]
         print(table(rows, head + ["leader"]))
+        if d["tier"]:
+            print(f"tiering job: checkpoint {d['tier_job']} (lease renewed while it runs, until "
+                  f"{utc_text(d['tier_job_expires_ms'])})" if d["tier_job"] else
+                  "tiering job: none running (hot data above the archived offsets stays)")
     elif a.action == "delete":
         client.delete_topic(a.name)
         print(f"deleted topic {a.name}")

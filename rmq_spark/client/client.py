@@ -240,6 +240,7 @@ class Client:
                                 size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,
                                 archive_earliest=q.archive_earliest, compacted=q.compacted)
                            for q in resp.queues]
+        d["tier_job"], d["tier_job_expires_ms"] = resp.tier_job, resp.tier_job_expires_ms
         return d
 
     # ------------------------------------------------------------- produce

@@ -11,10 +11,10 @@ at once; any other checkpoint waits until the lease lapses, at most
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
 
+from rmq_spark.cli._format import utc_text
 from rmq_spark.client import Client
 
 from .errors import TierConfigError, TieringError
@@ -30,10 +30,6 @@ class LeaseLost(TieringError):
     """The job's lease lapsed and another job took the topic: this job must not append."""
 
 
-def _utc(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
 class TierLease:
     def __init__(self, client: Client, topic: str, owner: str, ttl_s: float | None = None):
         self.client, self.topic, self.owner = client, topic, owner
@@ -46,7 +42,7 @@ class TierLease:
         if not granted:
             raise TierConfigError(
                 f"topic {self.topic!r} is being tiered by another job (checkpoint {holder}); "
-                f"its lease runs until {_utc(expires)} and is renewed while it runs. Stop that "
+                f"its lease runs until {utc_text(expires)} and is renewed while it runs. Stop that "
                 f"job first, or, if it died, start again once its lease lapses (at most "
                 f"{self.ttl_s:g} s after its last renewal); a job restarted on that checkpoint "
                 "takes the lease back at once")
@@ -58,7 +54,7 @@ class TierLease:
         if not granted:
             raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: the lease "
                             f"lapsed and the job with checkpoint {holder} holds it (until "
-                            f"{_utc(expires)}); this job stops without appending")
+                            f"{utc_text(expires)}); this job stops without appending")
         self._renewed = time.monotonic()
 
     def renew_if_due(self) -> None:

@@ -212,6 +212,10 @@ def test_hot_segments_go_only_after_they_are_archived(spark, client, endpoints, 
                    timeout=60, what="the progress line of the last batch")
         wait_until(lambda: client.offsets(name)[0].earliest > 0, timeout=60,
                    what="hot segments below the archive watermark to be deleted")
+        running = str(path / "_rmq_checkpoints" / name)
+        assert client.describe_topic(name)["tier_job"] == running
+        assert f"tiering job: checkpoint {running} (lease" in rmq(endpoints, "topic", "describe",
+                                                                  name).stdout
         # One job per topic: a second one (another checkpoint) is refused while this runs.
         with pytest.raises(TierConfigError, match=r"being tiered by another job \(checkpoint "
                            + re.escape(str(path / "_rmq_checkpoints" / name))):
@@ -271,8 +275,10 @@ def test_archive_is_a_delta_table_and_describe_shows_it(spark, client, endpoints
     produce(client, topic, 8, start=40)                  # 2 per queue not archived yet
     out = rmq(endpoints, "topic", "describe", topic)
     assert out.returncode == 0, out.stderr
-    head, rows = out.stdout.splitlines()[1], out.stdout.splitlines()[3:]
+    lines = out.stdout.splitlines()
+    head, rows = lines[1], lines[3:-1]
     assert "archive earliest" in head and "archived to" in head and "tier lag" in head
+    assert lines[-1].startswith("tiering job: none running"), lines[-1]   # the job has ended
     for line in rows:                                    # earliest latest size archive archived lag
         cells = line.split()
         assert cells[2:4] == ["0", "12"] and cells[6:9] == ["0", "10", "2"], line
