@@ -101,10 +101,10 @@ def decode_fetch_response(data: bytes) -> FetchReply:
             elif key == _SERVED_BY:
                 served_by = str(buf[pos:pos + size], "utf-8")
             pos += size
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+            if pos > len(buf):
+                raise ValueError("FetchResponse: fixed-size field runs past the end of the message")
         else:
             raise ValueError(f"FetchResponse: unsupported wire type {wire}")
     return FetchReply(batches, fields[_NEXT], fields[_EARLIEST], fields[_LATEST], served_by)

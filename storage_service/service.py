@@ -114,7 +114,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         created = self.node.meta_command(("create_topic", cfg, int(time.time() * 1000)))
         # Every reachable node knows the topic once this returns: a list or produce
         # sent anywhere right after sees it.
-        self.node.wait_meta_applied_everywhere()
+        self.node.wait_meta_applied_everywhere(timeout=1.0)
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
     @_guard
@@ -142,6 +142,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
 
     @_guard
     def ListTopics(self, request, context):
+        # Served by the metadata leader, which has applied every topic change it acknowledged.
+        self.node.require_leader(META_GROUP)
         with self.node.meta.lock:
             topics = [config_to_pb(t) for _, t in sorted(self.node.meta.topics.items())]
         return rmq_pb2.ListTopicsResponse(topics=topics)
@@ -149,6 +151,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def DescribeTopic(self, request, context):
         check_topic_name(request.name)
+        self.node.require_leader(META_GROUP)
         cfg = self.node.topic(request.name)
         archived = self.node.meta.watermark(cfg["name"], "archive")
         archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
@@ -426,8 +429,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         self.node.topic(request.topic)
         if request.kind not in LEASE_KINDS:
             raise invalid(f"kind={request.kind!r}: allowed {', '.join(LEASE_KINDS)}")
-        if not 1 <= len(request.owner) <= 512:
-            raise invalid(f"owner has {len(request.owner)} characters: give 1-512")
+        if not 1 <= len(request.owner) <= 4096:
+            raise invalid(f"owner has {len(request.owner)} characters: give 1-4096")
         if not 0 <= request.ttl_ms <= MAX_LEASE_MS:
             raise invalid(f"ttl_ms={request.ttl_ms}: use 1-{MAX_LEASE_MS} to take or renew, "
                           "0 to release")

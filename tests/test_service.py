@@ -532,23 +532,41 @@ def test_compaction_settings_are_checked_and_shown(client):
     assert client.describe_topic("compact-settings")["delete_retention_ms"] == 86_400_000
 
 
-def test_job_lease_over_the_cluster(client, topic):
+def test_job_lease_over_the_cluster(cluster, client, topic):
     from rmq_spark.tiering._lease import LeaseLost, TierLease
     from rmq_spark.tiering.errors import TierConfigError
 
-    a = TierLease(client, topic, "/ck/a", ttl_s=0.5)
+    ep = cluster.endpoints
+    a = TierLease(ep, topic, "/ck/a", ttl_s=0.6)
     a.take()
     with pytest.raises(TierConfigError, match=r"being tiered by another job \(checkpoint /ck/a\)"):
-        TierLease(client, topic, "/ck/b", ttl_s=30).take()
-    TierLease(client, topic, "/ck/a", ttl_s=0.5).take()          # the same checkpoint: at once
-    time.sleep(0.7)                                              # a's lease lapses unrenewed
-    b = TierLease(client, topic, "/ck/b", ttl_s=30)
+        TierLease(ep, topic, "/ck/b", ttl_s=30).take()
+    TierLease(ep, topic, "/ck/a", ttl_s=0.6).take()             # the same checkpoint: at once
+    a.check()                                                    # fresh grant: no RPC needed
+    time.sleep(0.8)                                              # a's lease lapses unrenewed
+    b = TierLease(ep, topic, "/ck/b", ttl_s=30)
     b.take()
     with pytest.raises(LeaseLost, match="checkpoint /ck/b holds it"):
         a.check()
-    b.release()
-    a.take()                                                     # released: free at once
-    a.release()
+    # b renews on its thread; a lost lease is reported there, not silently dropped
+    lost: list = []
+    b.start_renewing(lost.append)
+    time.sleep(0.2)
+    assert not lost
+    b.release()                                                  # stops renewing, gives it back
+    c = TierLease(ep, topic, "/ck/c", ttl_s=0.6)
+    c.take()                                                     # released: free at once
+    c.start_renewing(lost.append)
+    time.sleep(1.5)                                              # > 2 TTLs: kept by renewals
+    with pytest.raises(TierConfigError, match="checkpoint /ck/c"):
+        TierLease(ep, topic, "/ck/d", ttl_s=30).take()
+    assert not lost
+    client.lease(topic, "tier", "/ck/c", 0)                      # taken away behind c's back...
+    client.lease(topic, "tier", "/ck/e", 60_000)
+    wait_until(lambda: lost, timeout=5, what="c's renewal to notice the lease is gone")
+    assert isinstance(lost[0], LeaseLost) and "checkpoint /ck/e holds it" in str(lost[0])
+    c.release()
+    client.lease(topic, "tier", "/ck/e", 0)
 
 
 @pytest.mark.parametrize("kwargs,what", [

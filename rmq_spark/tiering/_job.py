@@ -140,7 +140,9 @@ class _Run:
         self._synced: int | None = None        # last batch whose end is the watermark
         self._end: dict[int, int] = {}
         self._app_id: str | None = None
-        self.lease = TierLease(client, settings.topic, os.path.normpath(settings.checkpoint))
+        self.lease = TierLease(settings.endpoints, settings.topic,
+                               os.path.normpath(settings.checkpoint))
+        self._lease_lost: LeaseLost | None = None
 
     # ------------------------------------------------------------ start
     def start(self):
@@ -163,8 +165,15 @@ class _Run:
             self.retention.maybe_run(self.spark)
             self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
             query = self._writer(self._frame(starting)).start()
+        self.lease.start_renewing(lambda e: self._lose_lease(query, e))
         log.info("tiering %s into %s (checkpoint %s) started", s.topic, s.tier, s.checkpoint)
         return query
+
+    def _lose_lease(self, query, err: LeaseLost) -> None:
+        """From the lease thread: another job may own the topic now; stop appending."""
+        log.error("%s", err)
+        self._lease_lost = err
+        query.stop()
 
     def _conf(self) -> dict[str, str]:
         """SQL confs for the run; the query keeps its own copy from ``start()`` on."""
@@ -251,29 +260,18 @@ class _Run:
                 except Exception as e:       # the query failed: record what it committed
                     failure = e
                     break
-                if not self._keep_lease(query):
-                    continue                 # stopped: the next wait ends the loop
                 self._safe_poll(query)
             self.poll(query, final=True)
         finally:
+            if query.isActive:               # interrupted here: the query must not outlive its lease
+                query.stop()
             self.lease.release()
             self.client.close()
+        failure = self._lease_lost or failure    # a query stopped for its lease did not finish
         if failure is not None:
             if self.s.available_now:
                 raise failure
             log.error("tiering query of %s failed: %s", self.s.topic, failure)
-
-    def _keep_lease(self, query) -> bool:
-        """Renew the lease when due; stop the query if another job took the topic."""
-        try:
-            self.lease.renew_if_due()
-        except LeaseLost as e:
-            log.error("%s", e)
-            query.stop()
-            return False
-        except Exception:                    # unreachable for now: renewed before each append
-            log.warning("tiering %s: lease renewal failed; retrying", self.s.topic, exc_info=True)
-        return True
 
     def _safe_poll(self, query) -> None:
         try:

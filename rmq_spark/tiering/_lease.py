@@ -2,17 +2,27 @@
 
 Two tiering jobs with different checkpoints would each append the same
 messages to the archive (Delta's idempotent append keys on the checkpoint's
-query id). So a job takes the topic's ``tier`` lease before it starts, renews
-it while it runs (from the monitor, and before every Delta append), and gives
-it back when it ends. The owner is the job's checkpoint: a job restarted on
-the same checkpoint (after a kill) is the same job and takes its lease back
-at once; any other checkpoint waits until the lease lapses, at most
-``TTL_S`` after the last renewal of a job that died.
+query id). So a job takes the topic's ``tier`` lease before it starts, a
+thread of its own renews it every third of the TTL while the query runs, and
+the job gives it back when it ends. The owner is the job's checkpoint: a job
+restarted on the same checkpoint (after a kill) is the same job and takes its
+lease back at once; any other checkpoint waits until the lease lapses, at
+most ``TTL_S`` after the last renewal of a job that died.
+
+Time is counted from before each granting request was sent, so the job's
+idea of when its lease lapses is never later than the leader's. A job that
+cannot renew for 90% of the TTL (cluster unreachable, driver paused) treats
+the lease as lost and stops; so does one whose renewal is refused (the lease
+lapsed and another job took it). Before a Delta append the job checks the
+lease (no RPC while the last grant is recent). What a lease without fencing
+tokens cannot close: a pause between that check and Delta's commit.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import Callable
 
 from rmq_spark.cli._format import utc_text
 from rmq_spark.client import Client
@@ -24,54 +34,94 @@ __all__ = ["LeaseLost", "TierLease", "TTL_S"]
 log = logging.getLogger(__name__)
 KIND = "tier"
 TTL_S = 30.0
+FRESH = 0.5          # a grant younger than this share of the TTL needs no RPC to check
+GIVE_UP = 0.9        # unrenewed for this share of the TTL: treat the lease as lost
 
 
 class LeaseLost(TieringError):
-    """The job's lease lapsed and another job took the topic: this job must not append."""
+    """The job's lease lapsed (and maybe another job took the topic): it must not append."""
 
 
 class TierLease:
-    def __init__(self, client: Client, topic: str, owner: str, ttl_s: float | None = None):
-        self.client, self.topic, self.owner = client, topic, owner
+    def __init__(self, endpoints: str, topic: str, owner: str, ttl_s: float | None = None):
+        self.topic, self.owner = topic, owner
         self.ttl_s = TTL_S if ttl_s is None else ttl_s
-        self._renewed: float | None = None          # monotonic time of the last grant
+        # Its own client: a lease call must give up well within the TTL.
+        step = max(0.05, self.ttl_s / 3)
+        self.client = Client(endpoints, timeout=step, attempt_timeout=min(5.0, step))
+        self._granted_at: float | None = None      # monotonic, taken before the request
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
+    # ------------------------------------------------------------ take/check
     def take(self) -> None:
         """Take the lease or raise ``TierConfigError`` naming the job that holds it."""
+        sent = time.monotonic()
         granted, holder, expires = self.client.lease(self.topic, KIND, self.owner, self._ttl_ms())
         if not granted:
             raise TierConfigError(
                 f"topic {self.topic!r} is being tiered by another job (checkpoint {holder}); "
-                f"its lease runs until {utc_text(expires)} and is renewed while it runs. Stop that "
-                f"job first, or, if it died, start again once its lease lapses (at most "
+                f"its lease runs until {utc_text(expires)} and is renewed while it runs. Stop "
+                f"that job first, or, if it died, start again once its lease lapses (at most "
                 f"{self.ttl_s:g} s after its last renewal); a job restarted on that checkpoint "
                 "takes the lease back at once")
-        self._renewed = time.monotonic()
+        self._granted_at = sent
 
     def check(self) -> None:
-        """Renew now; ``LeaseLost`` if another job holds the topic (before an append)."""
-        granted, holder, expires = self.client.lease(self.topic, KIND, self.owner, self._ttl_ms())
+        """Before an append: ``LeaseLost`` unless the lease is surely still this job's."""
+        if self._granted_at is not None and self._age() < self.ttl_s * FRESH:
+            return
+        self._renew()
+
+    def _renew(self) -> None:
+        sent = time.monotonic()
+        try:
+            granted, holder, expires = self.client.lease(self.topic, KIND, self.owner,
+                                                         self._ttl_ms())
+        except Exception as e:               # noqa: BLE001 - judged by the lease's age
+            if self._granted_at is None or self._age() >= self.ttl_s * GIVE_UP:
+                raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: could "
+                                f"not renew the lease for {self.ttl_s * GIVE_UP:g} s ({e}); "
+                                "another job may take the topic, so this one stops") from e
+            log.warning("tiering %s: lease renewal failed (%s); retrying", self.topic, e)
+            return
         if not granted:
             raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: the lease "
                             f"lapsed and the job with checkpoint {holder} holds it (until "
                             f"{utc_text(expires)}); this job stops without appending")
-        self._renewed = time.monotonic()
+        self._granted_at = sent
 
-    def renew_if_due(self) -> None:
-        """``check`` at most every third of the TTL (called from the monitor's loop)."""
-        if self._renewed is None or time.monotonic() - self._renewed >= self.ttl_s / 3:
-            self.check()
+    def _age(self) -> float:
+        return time.monotonic() - self._granted_at
+
+    # --------------------------------------------------------------- renewal
+    def start_renewing(self, on_lost: Callable[[LeaseLost], None]) -> None:
+        """Renew every third of the TTL on a daemon thread until ``release``."""
+        def loop() -> None:
+            while not self._stop.wait(self.ttl_s / 3):
+                try:
+                    self._renew()
+                except LeaseLost as e:
+                    on_lost(e)
+                    return
+        self._thread = threading.Thread(target=loop, name=f"rmq-tier-lease-{self.topic}",
+                                        daemon=True)
+        self._thread.start()
 
     def release(self) -> None:
-        """Give the lease back (best effort: an unreachable cluster lets it lapse)."""
-        if self._renewed is None:
-            return
+        """Stop renewing and give the lease back (best effort: otherwise it lapses)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
         try:
-            self.client.lease(self.topic, KIND, self.owner, 0)
-        except Exception as e:            # noqa: BLE001 - it lapses on its own
+            if self._granted_at is not None:
+                self.client.lease(self.topic, KIND, self.owner, 0)
+        except Exception as e:               # noqa: BLE001 - it lapses on its own
             log.warning("tiering %s: could not release the lease (%s); it lapses in %g s",
                         self.topic, e, self.ttl_s)
-        self._renewed = None
+        finally:
+            self._granted_at = None
+            self.client.close()
 
     def _ttl_ms(self) -> int:
         return max(1, int(self.ttl_s * 1000))

@@ -47,7 +47,8 @@ def test_unknown_fields_are_skipped():
 
 @pytest.mark.parametrize("bad,what", [(bytes([0x10, 0x80]), "truncated varint"),
                                       (bytes([0x0A, 10]) + b"abc", "past the end"),
-                                      (bytes([0x0B]), "wire type 3")])
+                                      (bytes([0x0B]), "wire type 3"),
+                                      (bytes([11 << 3 | 1, 0, 0]), "fixed-size field")])
 def test_malformed_messages_are_refused_by_name(bad, what):
     with pytest.raises(ValueError, match=what):
         decode_fetch_response(bad)
