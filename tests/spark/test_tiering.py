@@ -225,12 +225,9 @@ def test_hot_segments_go_only_after_they_are_archived(spark, client, endpoints, 
         q.stop()
     assert 0 < client.offsets(name)[0].earliest <= latest
     assert len(archive_rows(spark, path, "delta", name)) == latest == 80
-    # Stopped: its monitor gives the lease back, and another checkpoint may start
-    # (where the archive ends: it archives nothing twice).
+    # Stopped: its monitor gives the lease back, so another job may take the topic.
     wait_until(lambda: client.lease(name, "tier", "probe", 1)[0], timeout=30,
                what="the stopped job to release its lease")
-    tier_topic(spark, endpoints, name, checkpoint=str(tmp_path / "second"))
-    assert len(archive_rows(spark, path, "delta", name)) == 80
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
