@@ -112,9 +112,6 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                                        else TOPIC_DEFAULTS["delete_retention_ms"]),
                "min_compaction_lag_ms": c.min_compaction_lag_ms}
         created = self.node.meta_command(("create_topic", cfg, int(time.time() * 1000)))
-        # Every reachable node knows the topic once this returns: a list or produce
-        # sent anywhere right after sees it.
-        self.node.wait_meta_applied_everywhere(timeout=1.0)
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
     @_guard

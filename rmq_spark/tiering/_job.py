@@ -148,8 +148,8 @@ class _Run:
     def start(self):
         """Take the topic's lease, prepare (table, checkpoint, watermark, retention)
         and start the query."""
-        self.lease.take()
         try:
+            self.lease.take()
             return self._start()
         except BaseException:
             self.lease.release()
