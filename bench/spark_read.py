@@ -12,7 +12,11 @@ For each message size the same messages are read three ways, each into
 Spark's ``noop`` sink (every column materialized, nothing written):
 
 1. ``spark.read.format("rocketmq")`` from a 3-node LocalCluster (topic with
-   8 queues, so 8 tasks on ``local[2]``).
+   8 queues, so 8 tasks on ``local[2]``). Spark and the nodes share the host,
+   so tasks take the short-circuit path (``localReads``, the default: the
+   node says where the batches are, the task reads the segment file). The
+   row below it reads the same with ``localReads=false``: every byte over
+   gRPC, as from nodes on other hosts.
 2. ``spark.read.parquet`` of the same rows (all ten columns), written once.
 3. An in-memory Python data source that yields ready-made Arrow batches of
    the same schema (one real fetched batch, repeated): what any Python data
@@ -21,7 +25,8 @@ Spark's ``noop`` sink (every column materialized, nothing written):
 Then end-to-end streaming latency: one message every 20 ms, produce call ->
 visible in a ``foreachBatch`` function, p50/p99.
 
-Rates are the median of ``--repeats`` timed runs after one warm-up run;
+The four reads of a size run in turn (one warm-up each, then ``--repeats``
+rounds), so on a shared machine all see the same load. Rates are medians;
 MB = 10^6 bytes of message values. Progress goes to stderr, the table to stdout.
 """
 from __future__ import annotations
@@ -75,16 +80,20 @@ def produce(client, topic: str, count: int, size: int) -> None:
         t.join()
 
 
-def timed(label: str, run, rows: int, repeats: int) -> float:
-    """Median rows/s of ``repeats`` runs of ``run()`` after one warm-up."""
-    run()
-    rates = []
-    for i in range(repeats):
-        t = time.perf_counter()
+def alternate(runs: dict, rows: int, repeats: int) -> dict[str, float]:
+    """Median rows/s per label: one warm-up each, then ``repeats`` rounds of every run
+    in turn, so on a shared machine every row sees the same load."""
+    for run in runs.values():
         run()
-        rates.append(rows / (time.perf_counter() - t))
-        log.info("  %-28s run %d/%d %12s rows/s", label, i + 1, repeats, f"{rates[-1]:,.0f}")
-    return statistics.median(rates)
+    rates: dict[str, list[float]] = {label: [] for label in runs}
+    for i in range(repeats):
+        for label, run in runs.items():
+            t = time.perf_counter()
+            run()
+            rates[label].append(rows / (time.perf_counter() - t))
+            log.info("  %-28s run %d/%d %12s rows/s", label, i + 1, repeats,
+                     f"{rates[label][-1]:,.0f}")
+    return {label: statistics.median(r) for label, r in rates.items()}
 
 
 def arrow_ceiling_source(template_ipc: bytes):
@@ -138,20 +147,21 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
     log.info("producing %s messages of %d B into %s", f"{count:,}", size, topic)
     produce(client, topic, count, size)
     rows = sum(o.latest for o in client.offsets(topic))
-    df = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
-          .option("maxBytesPerFetch", str(args.fetch_bytes)).load())
+    reader = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+              .option("maxBytesPerFetch", str(args.fetch_bytes)))
+    df, network = reader.load(), reader.option("localReads", "false").load()
     noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
-    out = {"size": size, "rows": rows}
-    out["rocketmq"] = timed(f"rocketmq {size} B", lambda: noop(df), rows, args.repeats)
     path = os.path.join(root, f"parquet-{size}")
-    df.write.parquet(path)
-    out["parquet"] = timed(f"parquet {size} B", lambda: noop(spark.read.parquet(path)), rows,
-                           args.repeats)
+    network.write.parquet(path)
     parts = [o.latest - o.earliest for o in client.offsets(topic)]
     spark.dataSource.register(arrow_ceiling_source(template_batch(client, topic)))
     mem = spark.read.format("bench_arrow_memory").option("parts", json.dumps(parts)).load()
-    out["ceiling"] = timed(f"arrow in-memory {size} B", lambda: noop(mem), rows, args.repeats)
-    return out
+    log.info("reading %s rows of %d B: rocketmq, rocketmq over the network, parquet, ceiling "
+             "in turn", f"{rows:,}", size)
+    rates = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network),
+                       "parquet": lambda: noop(spark.read.parquet(path)),
+                       "ceiling": lambda: noop(mem)}, rows, args.repeats)
+    return {"size": size, "rows": rows, **rates}
 
 
 def measure_latency(spark, client, endpoints: str, seconds: float, root: str) -> dict:
@@ -192,6 +202,7 @@ def render(results: list[dict], latency: dict) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         for key, name in (("rocketmq", "rocketmq (3-node cluster)"),
+                          ("network", "  the same, localReads=false"),
                           ("parquet", "spark.read.parquet"),
                           ("ceiling", "Arrow in-memory data source")):
             rate, label = r[key], f"{name}, {r['size']} B"

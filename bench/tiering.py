@@ -41,10 +41,9 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Callable
 
 # spark_read lives next to this file; importing it also puts the checkout on sys.path.
-from spark_read import BENCH_DIR, QUEUES, produce
+from spark_read import BENCH_DIR, QUEUES, alternate, produce
 
 log = logging.getLogger("bench.tiering")
 TARGET_TIERING = 0.60
@@ -62,21 +61,6 @@ ROWS = (("tiering", "tier_topic, available-now", "copy"),
         ("delta", 'archive alone, format("delta")', None))
 PART1 = ("tiering", "tiering_batches", "copy")
 TARGETS = {"tiering": TARGET_TIERING, "rocketmq": TARGET_HISTORY}
-
-
-def alternate(runs: dict[str, Callable[[], None]], rows: int, repeats: int) -> dict[str, float]:
-    """Median rows/s per label: one warm-up each, then ``repeats`` rounds of every run."""
-    for run in runs.values():
-        run()
-    rates: dict[str, list[float]] = {label: [] for label in runs}
-    for i in range(repeats):
-        for label, run in runs.items():
-            t = time.perf_counter()
-            run()
-            rates[label].append(rows / (time.perf_counter() - t))
-            log.info("  %-10s run %d/%d %12s rows/s", label, i + 1, repeats,
-                     f"{rates[label][-1]:,.0f}")
-    return {label: statistics.median(r) for label, r in rates.items()}
 
 
 def check_produced(client, topic: str, rows: int) -> int:

@@ -23,7 +23,8 @@ import crc32c
 from . import records
 
 __all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts",
-           "iter_batches", "iter_blocks", "next_offset", "records_of", "scan_valid_prefix"]
+           "header_at", "iter_batches", "iter_blocks", "next_offset", "records_of", "records_start",
+           "scan_valid_prefix"]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
 BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, position
@@ -95,6 +96,11 @@ def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
     return BatchHeader(pos, end - pos, base, ts, count, apply_pos, last)
 
 
+def header_at(buf, pos: int) -> BatchHeader:
+    """The header of the batch at ``pos``, its lengths checked but not its CRC."""
+    return _parse_header(buf, pos, False)
+
+
 def iter_batches(buf: bytes | memoryview, verify: bool = True) -> Iterator[BatchHeader]:
     """Yield the header of every batch in ``buf``; raise CorruptBatch on bad bytes."""
     pos = 0
@@ -129,17 +135,28 @@ def next_offset(buf: bytes | memoryview, default: int) -> int:
     return nxt
 
 
+def records_start(h: BatchHeader) -> int:
+    """Where the records block of the batch ``h`` starts in its buffer."""
+    return h.position + BATCH_HEADER.size + BODY_HEADER.size
+
+
 def records_of(buf: bytes | memoryview, h: BatchHeader) -> memoryview:
     """The records block of the batch ``h`` in ``buf``."""
-    start = h.position + BATCH_HEADER.size + BODY_HEADER.size
-    return memoryview(buf)[start:h.position + h.size]
+    return memoryview(buf)[records_start(h):h.position + h.size]
 
 
-def iter_blocks(buf: bytes | memoryview) -> Iterator[tuple[BatchHeader, records.Columns]]:
-    """Every batch in ``buf`` with its parsed records block."""
+def iter_blocks(buf: bytes | memoryview,
+                deep_check: bool = True) -> Iterator[tuple[BatchHeader, records.Columns]]:
+    """Every batch in ``buf`` with its parsed records block.
+
+    Every batch's CRC is verified. ``deep_check=False`` then checks each block's
+    section bounds only, not its contents (``records.parse(check=False)``): for
+    readers of batches the service stored, which it checked in full when they
+    were produced.
+    """
     for h in iter_batches(buf):
         try:
-            cols = records.parse(records_of(buf, h), h.count)
+            cols = records.parse(records_of(buf, h), h.count, deep_check)
         except ValueError as e:
             raise CorruptBatch(h.position, str(e)) from None
         yield h, cols

@@ -16,10 +16,21 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["FetchReply", "decode_fetch_response", "encode_fetch_response"]
+__all__ = ["FetchReply", "LocalSpan", "decode_fetch_response", "encode_fetch_response"]
 
 # (field number << 3) | wire type: 0 = varint, 2 = length-delimited.
-_BATCHES, _NEXT, _EARLIEST, _LATEST, _SERVED_BY = 0x0A, 0x10, 0x18, 0x20, 0x2A
+_BATCHES, _NEXT, _EARLIEST, _LATEST, _SERVED_BY, _LOCAL = 0x0A, 0x10, 0x18, 0x20, 0x2A, 0x32
+# LocalSpan's fields
+_PATH, _POSITION, _LENGTH, _INODE, _DEVICE = 0x0A, 0x10, 0x18, 0x20, 0x28
+
+
+class LocalSpan(NamedTuple):
+    """``FetchResponse.local``: batches to read from a file on this host."""
+    path: str
+    position: int
+    length: int
+    inode: int
+    device: int
 
 
 class FetchReply(NamedTuple):
@@ -29,6 +40,7 @@ class FetchReply(NamedTuple):
     earliest: int
     latest: int
     served_by: str
+    local: LocalSpan | None = None
 
 
 def _varint(value: int) -> bytes:
@@ -41,8 +53,18 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def _encode_local(span) -> bytes:
+    path = span.path.encode()
+    out = bytearray(bytes((_PATH,)) + _varint(len(path)) + path)
+    for tag, value in ((_POSITION, span.position), (_LENGTH, span.length),
+                       (_INODE, span.inode), (_DEVICE, span.device)):
+        if value:
+            out += bytes((tag,)) + _varint(value)
+    return bytes((_LOCAL,)) + _varint(len(out)) + bytes(out)
+
+
 def encode_fetch_response(batches: bytes, next_offset: int, earliest: int, latest: int,
-                          served_by: str) -> bytes:
+                          served_by: str, local=None) -> bytes:
     """The protobuf encoding of ``FetchResponse(batches=..., ...)`` with one copy of ``batches``.
 
     Zero-valued scalars are left out as proto3 does; the small fields go first
@@ -55,6 +77,8 @@ def encode_fetch_response(batches: bytes, next_offset: int, earliest: int, lates
     if served_by:
         name = served_by.encode()
         head += bytes((_SERVED_BY,)) + _varint(len(name)) + name
+    if local is not None:           # a segment.FileSpan or LocalSpan
+        head += _encode_local(local)
     if batches:
         head += bytes((_BATCHES,)) + _varint(len(batches))
         return b"".join((head, batches))
@@ -80,26 +104,23 @@ def _int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def decode_fetch_response(data: bytes) -> FetchReply:
-    """Parse a ``FetchResponse``; unknown fields (a newer server) are skipped."""
-    buf = memoryview(data)
-    fields = {_NEXT: 0, _EARLIEST: 0, _LATEST: 0}
-    batches, served_by, pos = buf[0:0], "", 0
+def _fields(buf: memoryview, ints: dict[int, int], blobs: dict[int, memoryview]) -> None:
+    """Fill ``ints`` (varint fields) and ``blobs`` (length-delimited ones) whose tags they
+    hold; other fields (a newer peer's) are skipped."""
+    pos = 0
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         wire = key & 7
         if wire == 0:
             value, pos = _read_varint(buf, pos)
-            if key in fields:
-                fields[key] = _int64(value)
+            if key in ints:
+                ints[key] = value
         elif wire == 2:
             size, pos = _read_varint(buf, pos)
             if pos + size > len(buf):
                 raise ValueError("FetchResponse: field runs past the end of the message")
-            if key == _BATCHES:
-                batches = buf[pos:pos + size]
-            elif key == _SERVED_BY:
-                served_by = str(buf[pos:pos + size], "utf-8")
+            if key in blobs:
+                blobs[key] = buf[pos:pos + size]
             pos += size
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
@@ -107,4 +128,20 @@ def decode_fetch_response(data: bytes) -> FetchReply:
                 raise ValueError("FetchResponse: fixed-size field runs past the end of the message")
         else:
             raise ValueError(f"FetchResponse: unsupported wire type {wire}")
-    return FetchReply(batches, fields[_NEXT], fields[_EARLIEST], fields[_LATEST], served_by)
+
+
+def decode_fetch_response(data: bytes) -> FetchReply:
+    """Parse a ``FetchResponse``; unknown fields (a newer server) are skipped."""
+    buf = memoryview(data)
+    ints = {_NEXT: 0, _EARLIEST: 0, _LATEST: 0}
+    blobs = {_BATCHES: buf[0:0], _SERVED_BY: buf[0:0], _LOCAL: None}
+    _fields(buf, ints, blobs)
+    local = None
+    if blobs[_LOCAL] is not None:
+        span = {_POSITION: 0, _LENGTH: 0, _INODE: 0, _DEVICE: 0}
+        path = {_PATH: buf[0:0]}
+        _fields(blobs[_LOCAL], span, path)
+        local = LocalSpan(str(path[_PATH], "utf-8"), _int64(span[_POSITION]),
+                          _int64(span[_LENGTH]), span[_INODE], span[_DEVICE])
+    return FetchReply(blobs[_BATCHES], _int64(ints[_NEXT]), _int64(ints[_EARLIEST]),
+                      _int64(ints[_LATEST]), str(blobs[_SERVED_BY], "utf-8"), local)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from . import codec
 
-__all__ = ["QueueLog", "Segment"]
+__all__ = ["FileSpan", "QueueLog", "Segment"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,17 @@ def _read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
         return []
     n = len(data) // st.size
     return [st.unpack_from(data, i * st.size) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """Whole batches in a segment file, as ``QueueLog.locate`` found them."""
+    path: str
+    position: int
+    length: int
+    next_offset: int       # the offset after the last record in the span
+    inode: int             # of the file the span was found in (a rewrite is a new file)
+    device: int
 
 
 @dataclass
@@ -435,10 +447,35 @@ class QueueLog:
     def read_view(self, offset: int, max_bytes: int) -> bytes | memoryview:
         """``read``, but the answer may be a view of what was read from the file
         (the batches before ``offset`` cut off) instead of a copy."""
+        return self._in_segments(offset, b"", lambda seg, fd, size, idx, off: self._read_segment(
+            seg, fd, size, idx, off, max_bytes))
+
+    def locate(self, offset: int, max_bytes: int) -> FileSpan | None:
+        """Where ``read_view(offset, max_bytes)`` would read, without reading the batches.
+
+        For a reader on this host (``storage_service.localread``): whole batches
+        from the one holding ``offset``, about ``max_bytes``, within one segment
+        (the next call continues in the next). Only batch headers are looked at,
+        through a map of the file; the reader CRC-checks what it reads. None
+        when nothing is at or after ``offset``.
+        """
+        def in_segment(seg: Segment, fd: int, size: int, idx, off: int) -> FileSpan | None:
+            span = self._span_in(fd, size, idx, off, max_bytes)
+            if span is None:
+                return None
+            first, stop, nxt = span
+            st = os.fstat(fd)
+            return FileSpan(seg.file("log"), first, stop - first, nxt, st.st_ino, st.st_dev)
+
+        return self._in_segments(offset, None, in_segment)
+
+    def _in_segments(self, offset: int, nothing, fn):
+        """``fn(segment, fd, size, sparse index, offset)`` on the segment holding
+        ``offset``, then on the following ones until it finds something there."""
         while True:
             with self.lock:
                 if offset < self._earliest or offset >= self.next_offset:
-                    return b""
+                    return nothing
                 i = max(0, bisect.bisect_right([s.base for s in self.segments], offset) - 1)
                 seg = self.segments[i]
                 following = self.segments[i + 1].base if i + 1 < len(self.segments) else None
@@ -447,12 +484,35 @@ class QueueLog:
                 size = seg.size
                 idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
             try:
-                out = self._read_segment(seg, fd, size, idx, offset, max_bytes)
+                out = fn(seg, fd, size, idx, offset)
             finally:
                 os.close(fd)
             if out or following is None:
-                return out
+                return out if out else nothing
             offset = max(offset, following)   # nothing at or after offset here: the next segment
+
+    @staticmethod
+    def _span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, int, int] | None:
+        """(first, stop, next offset) of the batches ``_read_segment`` would return."""
+        if size == 0:
+            return None
+        pos = 0
+        if idx:
+            i = bisect.bisect_right([o for o, _ in idx], offset) - 1
+            if i >= 0:
+                pos = idx[i][1]
+        first = stop = nxt = None
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+            while pos < size:
+                h = codec.header_at(m, pos)
+                pos += h.size
+                if h.last_offset < offset:
+                    continue
+                if first is not None and stop - first + h.size > max_bytes:
+                    break
+                first = h.position if first is None else first
+                stop, nxt = h.position + h.size, h.next_offset
+        return None if first is None else (first, stop, nxt)
 
     def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int,
                       max_bytes: int) -> bytes | memoryview:

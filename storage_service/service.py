@@ -19,6 +19,7 @@ from .errors import ServiceError, invalid
 from .meta import TOPIC_DEFAULTS, queue_growth_error
 from .node import StorageNode
 from .fetchwire import encode_fetch_response
+from .localread import host_id
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .routing import GRPC_OPTIONS, META_GROUP
 from .tagfilter import filter_batches, parse_tag_expression
@@ -319,8 +320,16 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         if request.offset == latest and request.wait_ms:
             ql = self._wait_for_data(cfg, request, g)
         batches = b""
+        max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
+        if (ql is not None and request.local_host and request.local_host == host_id()
+                and wanted is None and not request.max_messages):
+            # A client on this host reads the segment itself (storage_service.localread).
+            span = ql.locate(request.offset, max_bytes)
+            if span is not None:
+                return encode_fetch_response(b"", span.next_offset, ql.earliest, ql.next_offset,
+                                             self.node.config.address, span)
         if ql is not None:
-            batches = ql.read_view(request.offset, min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
+            batches = ql.read_view(request.offset, max_bytes)
             batches = self._cap_messages(batches, request.offset, request.max_messages)
             earliest, latest = ql.earliest, ql.next_offset
         nxt = codec.next_offset(batches, request.offset)

@@ -51,7 +51,7 @@ def filter_batches(buf: bytes, wanted: frozenset[bytes] | None) -> bytes:
         return buf
     out = []
     mv = memoryview(buf)
-    for h, cols in codec.iter_blocks(buf):
+    for h, cols in codec.iter_blocks(buf, deep_check=False):
         mask = _mask(cols, wanted)
         if mask.all():
             out.append(mv[h.position:h.position + h.size])

@@ -236,6 +236,69 @@ def test_fetch_answer_reads_with_the_generated_stub_too(client, topic):
     assert [r.offset for r in client.fetch(topic, 2, 13).records] == list(range(13, 30))
 
 
+def _local_fetch(addr: str, topic: str, queue: int, offset: int, **kw):
+    with grpc.insecure_channel(addr) as ch:
+        return rmq_pb2_grpc.MessageLogStub(ch).Fetch(rmq_pb2.FetchRequest(
+            topic=topic, queue=queue, offset=offset, allow_follower=True, **kw), timeout=10)
+
+
+def test_short_circuit_read_equals_the_network_read(client, topic):
+    msgs = [Message(value=f"v{i}".encode() * (i % 7), key=None if i % 3 else f"k{i}".encode(),
+                    tags=f"T{i % 2}", properties={"i": str(i)}) for i in range(300)]
+    for i in range(0, 300, 30):
+        client.produce(topic, msgs[i:i + 30], queue=3)
+    for start, end, max_bytes in ((0, None, 0), (17, 250, 0), (5, None, 64 << 10)):
+        got = {}
+        for local in (True, False):
+            rows, off = [], start
+            while off < (end or 300):
+                rb, off, _, latest = client.fetch_arrow(topic, 3, off, end=end, max_bytes=max_bytes,
+                                                        local=local)
+                rows += rb.to_pylist()
+            got[local] = rows
+        assert got[True] == got[False]
+        assert [r["offset"] for r in got[True]] == list(range(start, end or 300))
+
+
+def test_node_answers_where_the_batches_are_only_to_its_own_host(client, topic):
+    from storage_service.localread import host_id, read_span
+
+    for i in range(0, 40, 10):
+        client.produce(topic, [f"m{j}".encode() for j in range(i, i + 10)], queue=1)
+    addr = client.fetch_raw(topic, 1, 0).served_by
+    here = _local_fetch(addr, topic, 1, 13, local_host=host_id())
+    assert here.HasField("local") and here.batches == b"" and here.next_offset == 40
+    network = _local_fetch(addr, topic, 1, 13)
+    assert read_span(here.local) == network.batches           # the same bytes, read by us
+    for other in (dict(local_host="another-host"), dict(local_host=host_id(), tags="T"),
+                  dict(local_host=host_id(), max_messages=5)):
+        resp = _local_fetch(addr, topic, 1, 13, **other)
+        assert not resp.HasField("local"), other
+    assert not _local_fetch(addr, topic, 1, 40, local_host=host_id()).HasField("local")  # at the end
+
+
+@pytest.mark.parametrize("fault", ["file gone", "other bytes"])
+def test_short_circuit_read_that_fails_its_checks_fetches_instead(client, topic, monkeypatch, fault):
+    # What a client sees when retention deletes, or compaction rewrites, the segment
+    # between the node's answer and its read: the fetch is done over the network.
+    import rmq_spark.client.client as client_module
+
+    for i in range(0, 60, 20):
+        client.produce(topic, [f"m{j}".encode() for j in range(i, i + 20)], queue=0)
+    want = client.fetch_arrow(topic, 0, 10, local=False)[0].to_pylist()
+    real = client_module.read_span
+    calls = []
+
+    def faulty(span):
+        calls.append(span)
+        data = real(span)
+        return None if fault == "file gone" else data[: len(data) // 2] + data[: len(data) // 2]
+
+    monkeypatch.setattr(client_module, "read_span", faulty)
+    rb, nxt, _, _ = client.fetch_arrow(topic, 0, 10, local=True)
+    assert calls and rb.to_pylist() == want and nxt == 60
+
+
 def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
     client.create_topic("ret-tier", queues=1, retention_ms=86_400_000, tier="delta:/tmp/x",
                         local_retention_ms=500)

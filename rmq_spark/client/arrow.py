@@ -59,21 +59,28 @@ def _msg_ids(topic: str, queue: int, offsets: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, _buf(off), pa.py_buffer(chars.tobytes())])
 
 
-def _block_to_arrow(h: codec.BatchHeader, c: records.Columns, topic: str, queue: int) -> pa.RecordBatch:
+def _to_arrow(headers: list[codec.BatchHeader], c: records.Columns, topic: str,
+              queue: int) -> pa.RecordBatch:
+    """The stored batches ``headers`` (their records concatenated in ``c``) as one
+    RecordBatch, built once per column."""
+    counts = [h.count for h in headers]
     n = c.n
-    offsets = h.base_offset + c.offset_delta.astype(np.int64)
-    key_valid, value_valid = _validity(c.has_key()), _validity(~c.value_null())
+    bases = np.fromiter((h.base_offset for h in headers), np.int64, len(headers))
+    offsets = np.repeat(bases, counts) + c.offset_delta
+    store_us = np.repeat(np.fromiter((h.store_ts for h in headers), np.int64, len(headers)),
+                         counts) * 1000
+    m = int(c.prop_off[-1])
     props = pa.MapArray.from_arrays(pa.array(c.prop_off, pa.int32()),
-                                    _var(pa.string(), len(c.pk_off) - 1, c.pk_off, c.pk_data),
-                                    _var(pa.string(), len(c.pv_off) - 1, c.pv_off, c.pv_data))
+                                    _var(pa.string(), m, c.pk_off, c.pk_data),
+                                    _var(pa.string(), m, c.pv_off, c.pv_data))
     cols = [
-        _var(pa.binary(), n, c.key_off, c.key_data, key_valid),
-        _var(pa.binary(), n, c.value_off, c.value_data, value_valid),
+        _var(pa.binary(), n, c.key_off, c.key_data, _validity(c.has_key())),
+        _var(pa.binary(), n, c.value_off, c.value_data, _validity(~c.value_null())),
         _constant_strings(topic, n),
         pa.array(np.full(n, queue, np.int32)),
         pa.array(offsets),
-        pa.array(np.full(n, h.store_ts * 1000, np.int64)).cast(ARROW_SCHEMA.field("timestamp").type),
-        pa.array(c.born_ts.astype(np.int64) * 1000).cast(ARROW_SCHEMA.field("born_timestamp").type),
+        pa.array(store_us).cast(ARROW_SCHEMA.field("timestamp").type),
+        pa.array(c.born_ts * 1000).cast(ARROW_SCHEMA.field("born_timestamp").type),
         _var(pa.string(), n, c.tags_off, c.tags_data),
         props,
         _msg_ids(topic, queue, offsets),
@@ -85,61 +92,41 @@ def empty_batch() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
 
 
-def _concat_var(parts: list[tuple[np.ndarray, memoryview]]) -> tuple[np.ndarray, bytes]:
-    """One (offsets, data) pair out of several variable-length columns, in order."""
-    lens = np.fromiter((int(off[-1]) for off, _ in parts), np.int64, len(parts))
-    bases = np.concatenate([[0], np.cumsum(lens)])
-    off = np.concatenate([off[:-1].astype(np.int64) + base for (off, _), base in zip(parts, bases)]
-                         + [bases[-1:]]).astype(np.int32)
-    return off, b"".join(data for _, data in parts)
-
-
-def _blocks_to_arrow(blocks: list[tuple[codec.BatchHeader, records.Columns]], topic: str,
-                     queue: int) -> pa.RecordBatch:
-    """Several stored batches as one RecordBatch, built once per column (not per batch:
-    a fetch holds hundreds of batches, and per-batch Arrow arrays plus a concatenation
-    cost more than the data)."""
-    counts = [c.n for _, c in blocks]
-    n = sum(counts)
-    offsets = np.concatenate([h.base_offset + c.offset_delta.astype(np.int64) for h, c in blocks])
-    store_us = np.repeat(np.fromiter((h.store_ts for h, _ in blocks), np.int64, len(blocks)), counts) * 1000
-    born_us = np.concatenate([c.born_ts for _, c in blocks]).astype(np.int64) * 1000
-    flags = np.concatenate([c.flags for _, c in blocks])
-    key_off, key_data = _concat_var([(c.key_off, c.key_data) for _, c in blocks])
-    value_off, value_data = _concat_var([(c.value_off, c.value_data) for _, c in blocks])
-    tags_off, tags_data = _concat_var([(c.tags_off, c.tags_data) for _, c in blocks])
-    prop_off, _ = _concat_var([(c.prop_off, b"") for _, c in blocks])
-    pk_off, pk_data = _concat_var([(c.pk_off, c.pk_data) for _, c in blocks])
-    pv_off, pv_data = _concat_var([(c.pv_off, c.pv_data) for _, c in blocks])
-    m = int(prop_off[-1])
-    props = pa.MapArray.from_arrays(pa.array(prop_off, pa.int32()),
-                                    _var(pa.string(), m, pk_off, pk_data),
-                                    _var(pa.string(), m, pv_off, pv_data))
-    cols = [
-        _var(pa.binary(), n, key_off, key_data, _validity((flags & records.FLAG_KEY) != 0)),
-        _var(pa.binary(), n, value_off, value_data, _validity((flags & records.FLAG_NULL_VALUE) == 0)),
-        _constant_strings(topic, n),
-        pa.array(np.full(n, queue, np.int32)),
-        pa.array(offsets),
-        pa.array(store_us).cast(ARROW_SCHEMA.field("timestamp").type),
-        pa.array(born_us).cast(ARROW_SCHEMA.field("born_timestamp").type),
-        _var(pa.string(), n, tags_off, tags_data),
-        props,
-        _msg_ids(topic, queue, offsets),
-    ]
-    return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
+def _check_span(every: list[codec.BatchHeader], start: int, expect_next: int) -> None:
+    """Bytes read from a file (``localread``) are the batches the node located: they
+    follow one another, the first holds ``start`` or the next offset after it, and
+    the last ends where the node said."""
+    where = every[0].position if every else 0
+    if not every or every[0].last_offset < start or every[-1].next_offset != expect_next:
+        raise codec.CorruptBatch(where, f"the batches read end at "
+                                 f"{every[-1].next_offset if every else None}, not at "
+                                 f"{expect_next}, or miss offset {start}")
+    for a, b in zip(every, every[1:]):
+        if b.base_offset <= a.last_offset:
+            raise codec.CorruptBatch(b.position, "batches out of order")
 
 
 def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
-                     end: int | None = None) -> pa.RecordBatch:
-    """All records of the fetched ``buf`` with start <= offset < end, as one RecordBatch."""
-    blocks = [(h, cols) for h, cols in codec.iter_blocks(buf)
-              if h.last_offset >= start and (end is None or h.base_offset < end)]
-    if not blocks:
+                     end: int | None = None, expect_next: int | None = None) -> pa.RecordBatch:
+    """All records of the fetched ``buf`` with start <= offset < end, as one RecordBatch.
+
+    ``expect_next``: ``buf`` was read from a segment file, and must hold exactly
+    the batches the node located (``_check_span``); CorruptBatch if not.
+    """
+    every = list(codec.iter_batches(buf))               # CRC-checked
+    if expect_next is not None:
+        _check_span(every, start, expect_next)
+    headers = [h for h in every
+               if h.last_offset >= start and (end is None or h.base_offset < end)]
+    if not headers:
         return empty_batch()
-    rb = (_block_to_arrow(*blocks[0], topic, queue) if len(blocks) == 1
-          else _blocks_to_arrow(blocks, topic, queue))
-    first, last = blocks[0][0], blocks[-1][0]
+    try:
+        cols = records.concat(buf, [(codec.records_start(h), h.position + h.size, h.count)
+                                    for h in headers])
+    except ValueError as e:
+        raise codec.CorruptBatch(headers[0].position, str(e)) from None
+    rb = _to_arrow(headers, cols, topic, queue)
+    first, last = headers[0], headers[-1]
     if first.base_offset < start or (end is not None and last.last_offset >= end):
         offs = rb.column(4).to_numpy()
         i0 = int(np.searchsorted(offs, start))

@@ -22,6 +22,7 @@ import grpc
 
 from storage_service import codec, records
 from storage_service.fetchwire import FetchReply, decode_fetch_response
+from storage_service.localread import host_id, read_span
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.errors import LEADER_METADATA_KEY
 from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
@@ -90,7 +91,7 @@ def plain_block(messages: Sequence[MessageLike]) -> bytes:
 def decode_records(topic: str, queue: int, batches: bytes, start: int,
                    limit: int | None = None) -> list[Record]:
     out = []
-    for h, cols in codec.iter_blocks(batches):
+    for h, cols in codec.iter_blocks(batches, deep_check=False):
         if h.last_offset < start:
             continue
         for delta, key, value, tags, props, born in records.iter_rows(cols):
@@ -351,19 +352,36 @@ class Client:
 
     def fetch_arrow(self, topic: str, queue: int, offset: int, end: int | None = None,
                     max_bytes: int = 0, wait_ms: int = 0, from_follower: bool = False,
-                    address: str | None = None, tags: str = ""):
+                    address: str | None = None, tags: str = "", local: bool = False):
         """Fetch as one Arrow RecordBatch (schema ``arrow.ARROW_SCHEMA``) of offsets in [offset, end).
 
         Returns ``(batch, next_offset, earliest, latest)``; next_offset is where
         the following fetch starts (it may pass ``end``: the batch is trimmed).
+        ``local``: when the serving node is on this host, read its segment file
+        directly (``storage_service.localread``); anything amiss falls back to
+        the bytes over the network.
         """
         from .arrow import batches_to_arrow
 
+        local_host = host_id() if local and not tags else ""
         req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_bytes=max_bytes,
-                                   wait_ms=wait_ms, allow_follower=from_follower, tags=tags)
+                                   wait_ms=wait_ms, allow_follower=from_follower, tags=tags,
+                                   local_host=local_host)
         group = None if from_follower else self.group_of(topic, queue)
         resp = self.call("Fetch", req, group=group, address=address,
                          timeout=self.timeout + wait_ms / 1000)
+        if resp.local is not None:
+            data = read_span(resp.local)
+            try:
+                if data is not None:
+                    rb = batches_to_arrow(data, topic, queue, offset, end,
+                                          expect_next=resp.next_offset)
+                    return rb, resp.next_offset, resp.earliest, resp.latest
+            except codec.CorruptBatch as e:
+                log.info("short-circuit read of %s/%d at %d: %s; fetching it instead",
+                         topic, queue, offset, e)
+            return self.fetch_arrow(topic, queue, offset, end, max_bytes, wait_ms, from_follower,
+                                    address, tags, local=False)
         rb = batches_to_arrow(resp.batches, topic, queue, offset, end)
         return rb, resp.next_offset, resp.earliest, resp.latest
 

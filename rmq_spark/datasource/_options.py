@@ -23,7 +23,7 @@ READ_OPTIONS = (
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
-    "maxBytesPerFetch", "readArchive")
+    "maxBytesPerFetch", "readArchive", "localReads")
 WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey")
 
 # Options Spark itself passes on to a sink; they are not ours to check.
@@ -175,6 +175,7 @@ class ReadOptions:
     consumer_group: str | None = None
     max_bytes_per_fetch: int = DEFAULT_FETCH_BYTES
     read_archive: bool = True
+    local_reads: bool = True
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -190,6 +191,7 @@ class ReadOptions:
             "tags": ("tags", _tags),
             "consumerGroup": ("consumer_group", _nonempty),
             "readArchive": ("read_archive", _bool),
+            "localReads": ("local_reads", _bool),
             "maxBytesPerFetch": ("max_bytes_per_fetch",
                                  lambda n, v: _int(n, v, MIN_FETCH_BYTES, MAX_FETCH_BYTES)),
         }

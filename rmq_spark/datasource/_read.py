@@ -61,7 +61,7 @@ class _Fetcher:
         # The one fetch call site: the tag filter runs in the service.
         rb, nxt, _, _ = self.client.fetch_arrow(
             p.topic, p.queue, offset, end=p.end, max_bytes=self.opts.max_bytes_per_fetch,
-            from_follower=from_follower, tags=self.opts.tags)
+            from_follower=from_follower, tags=self.opts.tags, local=self.opts.local_reads)
         return rb, nxt
 
     def _out_of_range(self, offset: int, e: OutOfRange) -> tuple[pa.RecordBatch, int]:

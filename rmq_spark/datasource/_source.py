@@ -93,6 +93,12 @@ class RocketMQDataSource(DataSource):
         consumer group, so ``rmq offsets TOPIC`` shows the query's lag.
     maxBytesPerFetch : int, default 8388608
         Bytes per fetch request (64 KiB - 64 MiB); one fetch = one Arrow batch.
+    localReads : bool, default ``true``
+        A task on the same host as the node serving its queue reads the
+        node's segment file itself (a short-circuit read: the node only says
+        where the batches are), checking the file and every batch's CRC;
+        anything amiss, a tag filter, or another host means a network fetch.
+        ``false``: always fetch over the network.
 
     Write options and columns
     -------------------------

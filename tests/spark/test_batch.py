@@ -44,6 +44,10 @@ def test_round_trip_every_column(spark, client, endpoints, topic):
         mine = [r for r in got if r.queue == q]
         assert [r.offset for r in mine] == list(range(10))
         assert [r.value for r in mine] == [f"v{i}".encode() for i in range(q, 40, 4)]
+    # Spark and the nodes share this host: the read above took the short-circuit
+    # path (localReads defaults to true); over the network it is the same.
+    network = reader(spark, endpoints, topic, localReads="false").orderBy("queue", "offset")
+    assert network.collect() == got
 
 
 def _local_naive(ts: dt.datetime) -> dt.datetime:

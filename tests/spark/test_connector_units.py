@@ -60,6 +60,7 @@ def test_read_options_parse_types_and_defaults():
     ({"tags": "A B"}, "tags", "is not a tag"),
     ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets", "not subscribed"),
     ({"maxBytesPerFetch": str(1 << 30)}, "maxBytesPerFetch", "<= 67108864"),
+    ({"localReads": "auto"}, "localReads", "true or false"),
     ({"endpoints": "nohostport"}, "endpoints", "not host:port"),
 ])
 def test_read_options_errors_name_option_and_allowed_values(extra, option, needle):

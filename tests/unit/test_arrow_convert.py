@@ -61,3 +61,18 @@ def test_start_and_end_trim_across_batches(gaps):
                        (offsets[-1] + 1, None)]:
         got = _rows(batches_to_arrow(buf, "t", 0, start, end))
         assert got == [w for w in want if w["offset"] >= start and (end is None or w["offset"] < end)]
+
+
+def test_bytes_read_from_a_file_must_be_the_located_batches():
+    # expect_next: a short-circuit read (storage_service.localread) checks that what it
+    # read ends where the node said and holds the requested offset.
+    buf, want = _fetched(3, batches=4)
+    frames = list(codec.iter_batches(buf))
+    last = frames[-1].next_offset
+    assert _rows(batches_to_arrow(buf, "t", 0, want[0]["offset"], expect_next=last)) == want
+    for start, expect in ((want[0]["offset"], last + 1), (last, last)):
+        with pytest.raises(codec.CorruptBatch):
+            batches_to_arrow(buf, "t", 0, start, expect_next=expect)
+    swapped = buf[frames[1].position:frames[2].position] + buf[:frames[1].position]
+    with pytest.raises(codec.CorruptBatch, match="out of order|not at"):
+        batches_to_arrow(swapped, "t", 0, 0, expect_next=frames[0].next_offset)

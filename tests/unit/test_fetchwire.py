@@ -52,3 +52,18 @@ def test_unknown_fields_are_skipped():
 def test_malformed_messages_are_refused_by_name(bad, what):
     with pytest.raises(ValueError, match=what):
         decode_fetch_response(bad)
+
+
+def test_local_span_is_protobufs_nested_message():
+    from storage_service.fetchwire import LocalSpan
+
+    span = LocalSpan("/data/n1/g2/t~0/00000000000000000042.log", 1 << 33, 8 << 20, 1 << 40, 2049)
+    ours = encode_fetch_response(b"", 99, 3, 120, "n1", span)
+    theirs = rmq_pb2.FetchResponse(next_offset=99, earliest=3, latest=120, served_by="n1",
+                                   local=rmq_pb2.LocalSpan(path=span.path, position=span.position,
+                                                           length=span.length, inode=span.inode,
+                                                           device=span.device))
+    assert rmq_pb2.FetchResponse.FromString(ours) == theirs
+    got = decode_fetch_response(theirs.SerializeToString())
+    assert got.local == span and bytes(got.batches) == b"" and got.next_offset == 99
+    assert decode_fetch_response(encode_fetch_response(b"ab", 1, 0, 1, "n")).local is None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from storage_service import records
-from storage_service.records import Columns, encode, iter_rows, last_delta, parse, select
+from storage_service.records import Columns, concat, encode, iter_rows, last_delta, parse, select
 
 pytestmark = pytest.mark.unit
 
@@ -310,8 +310,8 @@ def test_text_that_is_not_utf8_is_an_error(section, data):
 
 
 def test_all_names_are_exported():
-    assert set(records.__all__) == {"Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "encode", "parse", "last_delta",
-                                    "iter_rows", "select", "min_block_size"}
+    assert set(records.__all__) == {"Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "concat", "encode", "parse",
+                                    "last_delta", "iter_rows", "select", "min_block_size"}
 
 
 @pytest.mark.parametrize("keys, tags, props", [
@@ -365,3 +365,46 @@ def test_a_null_value_with_value_bytes_is_an_error():
     with pytest.raises(ValueError, match="message 0 has a null value but value bytes"):
         parse(_block(flags=[3, 0]), 2)          # record 0 holds b"abc"
     assert [r[2] for r in iter_rows(parse(_block(flags=[1, 2]), 2))] == [b"abc", None]
+
+
+# ------------------------------------------------- trusted parse, concat
+
+def test_parse_without_content_checks_still_checks_section_bounds():
+    # check=False is for CRC-verified stored blocks: contents are trusted, bounds never.
+    assert list(iter_rows(parse(_block(), 2, check=False))) == SAMPLE_ROWS
+    parse(_block(offset_delta=[1, 0]), 2, check=False)              # contents not checked
+    for bad in (_block(value_off=[0, 3, 9]), _block(pk_off=[0, 1, -5]), _block() + b"x",
+                _block()[:-1]):
+        with pytest.raises(ValueError, match="records block"):
+            parse(bad, 2, check=False)
+
+
+def _spans(blocks: list[tuple[bytes, int]], gap: bytes = b"HDR") -> tuple[bytes, list]:
+    """Blocks laid out in one buffer with ``gap`` before each (as frame headers are)."""
+    buf, spans = b"", []
+    for block, n in blocks:
+        buf += gap
+        spans.append((len(buf), len(buf) + len(block), n))
+        buf += block
+    return buf, spans
+
+
+def test_concat_equals_the_blocks_parsed_one_by_one():
+    blocks = [(_encode_sample(), 2),
+              (encode([b"x" * 300, None, b""], keys=[None, b"k", b""], tags=["", "t", "\u00e9"],
+                      born_ts=[7, 8, 9], offset_deltas=[0, 4, 5]), 3),
+              (encode([b"last"], properties=[{"a": "1", "b": "22"}], born_ts=[10]), 1)]
+    buf, spans = _spans(blocks)
+    c = concat(buf, spans)
+    one_by_one = [r for block, n in blocks for r in iter_rows(parse(block, n))]
+    assert c.n == 6 and list(iter_rows(c)) == one_by_one
+    assert c.offset_delta.tolist() == [0, 1, 0, 4, 5, 0]       # still relative to each block
+    assert c.value_null().tolist() == [False, False, False, True, False, False]
+    assert c.size == sum(len(b) for b, _ in blocks)
+
+
+@pytest.mark.parametrize("bad", [_block()[:-1], _block() + b"x", _block(tags_off=[0, 1, 99])])
+def test_concat_refuses_a_block_whose_sections_do_not_fit(bad):
+    buf, spans = _spans([(_encode_sample(), 2), (bad, 2)])
+    with pytest.raises(ValueError, match="records block"):
+        concat(buf, spans)

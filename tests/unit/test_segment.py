@@ -339,3 +339,46 @@ def test_append_of_frame_parts_equals_append_of_the_frame(tmp_path):
     assert names == sorted(os.listdir(tmp_path / "b"))
     for n in names:
         assert (tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+
+
+# ------------------------------------------------ locate (short-circuit reads)
+
+def _span_bytes(span) -> bytes:
+    with open(span.path, "rb") as f:
+        f.seek(span.position)
+        return f.read(span.length)
+
+
+@pytest.mark.parametrize("max_bytes", [1, 170, 1 << 20])
+def test_locate_points_at_the_bytes_read_would_return(qpath, max_bytes):
+    q = QueueLog(qpath, segment_bytes=600, index_interval=100, fsync=False)
+    _fill(q, 30)
+    off = 0
+    while off < q.next_offset:
+        span = q.locate(off, max_bytes)
+        got = _span_bytes(span)
+        # read() may go on into the next segment; locate stops at a segment's end
+        assert q.read(off, max_bytes).startswith(got) and got
+        last = list(iter_batches(got))[-1]
+        assert span.next_offset == last.next_offset
+        st = os.stat(span.path)
+        assert (span.inode, span.device) == (st.st_ino, st.st_dev)
+        off = span.next_offset
+    assert off == q.next_offset
+
+
+def test_locate_from_inside_a_batch_starts_at_that_batch(qpath):
+    q = QueueLog(qpath, fsync=False)
+    frames = _fill(q, 3)
+    span = q.locate(PER_BATCH + 2, 1)
+    assert _span_bytes(span) == frames[1] and span.next_offset == 2 * PER_BATCH
+
+
+def test_locate_outside_the_log_is_none(qpath):
+    q = QueueLog(qpath, segment_bytes=300, fsync=False)
+    assert q.locate(0, 1 << 20) is None                  # empty
+    _fill(q, 10)
+    q.truncate_prefix(3 * PER_BATCH)
+    assert q.locate(q.next_offset, 1 << 20) is None
+    assert q.locate(q.earliest - 1, 1 << 20) is None
+    assert q.locate(q.earliest, 1 << 20) is not None
