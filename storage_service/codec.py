@@ -74,6 +74,8 @@ def frame_parts(base_offset: int, store_ts: int, count: int, position: int,
 
 
 def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
+    # No view of ``buf`` outlives this call, even when it raises: ``buf`` may be
+    # an mmap, which cannot be closed while a view of it exists.
     if pos + BATCH_HEADER.size > len(buf):
         raise CorruptBatch(pos, "truncated frame header")
     body_len, crc = BATCH_HEADER.unpack_from(buf, pos)
@@ -83,22 +85,25 @@ def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
     end = start + body_len
     if end > len(buf):
         raise CorruptBatch(pos, "truncated body")
-    body = memoryview(buf)[start:end]
-    if verify and crc32c.crc32c(body) != crc:
-        raise CorruptBatch(pos, "crc mismatch")
-    base, ts, count, apply_pos = BODY_HEADER.unpack_from(body, 0)
+    if verify:
+        with memoryview(buf) as whole:
+            ok = crc32c.crc32c(whole[start:end]) == crc
+        if not ok:
+            raise CorruptBatch(pos, "crc mismatch")
+    base, ts, count, apply_pos = BODY_HEADER.unpack_from(buf, start)
     if count == 0:
         raise CorruptBatch(pos, "empty batch")
-    try:
-        last = base + records.last_delta(body[BODY_HEADER.size:], count)
-    except ValueError as e:
-        raise CorruptBatch(pos, str(e)) from None
+    block_at = start + BODY_HEADER.size
+    if end - block_at < records.min_block_size(count):
+        raise CorruptBatch(pos, f"records block of {end - block_at} bytes cannot hold "
+                           f"{count} records")
+    last = base + records.LAST_DELTA.unpack_from(buf, block_at + 4 * (count - 1))[0]
     return BatchHeader(pos, end - pos, base, ts, count, apply_pos, last)
 
 
-def header_at(buf, pos: int) -> BatchHeader:
-    """The header of the batch at ``pos``, its lengths checked but not its CRC."""
-    return _parse_header(buf, pos, False)
+def header_at(buf, pos: int, verify: bool = False) -> BatchHeader:
+    """The header of the batch at ``pos``, its lengths checked (and its CRC if ``verify``)."""
+    return _parse_header(buf, pos, verify)
 
 
 def iter_batches(buf: bytes | memoryview, verify: bool = True) -> Iterator[BatchHeader]:

@@ -465,7 +465,8 @@ class QueueLog:
                 return None
             first, stop, nxt = span
             st = os.fstat(fd)
-            return FileSpan(seg.file("log"), first, stop - first, nxt, st.st_ino, st.st_dev)
+            return FileSpan(os.path.abspath(seg.file("log")), first, stop - first, nxt,
+                            st.st_ino, st.st_dev)
 
         return self._in_segments(offset, None, in_segment)
 
@@ -505,9 +506,13 @@ class QueueLog:
         with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
             while pos < size:
                 h = codec.header_at(m, pos)
-                pos += h.size
                 if h.last_offset < offset:
+                    # CRC-checked as _read_segment does: a bad header must never make
+                    # a read jump over data (the reader checks only the span's batches).
+                    codec.header_at(m, pos, verify=True)
+                    pos += h.size
                     continue
+                pos += h.size
                 if first is not None and stop - first + h.size > max_bytes:
                     break
                 first = h.position if first is None else first

@@ -645,3 +645,17 @@ def test_bad_lease_requests_name_the_field(client, topic, kwargs, what):
         client.lease(**args)
     assert client.lease(topic, "tier", "o", 1000)[0]             # nothing was taken by the bad ones
     client.lease(topic, "tier", "o", 0)
+
+
+def test_client_that_cannot_read_the_nodes_files_stops_asking(client, topic, monkeypatch):
+    # e.g. another container on the same host: same boot id, other files
+    import rmq_spark.client.client as client_module
+
+    client.produce(topic, [b"a", b"b"], queue=2)
+    spans = []
+    monkeypatch.setattr(client_module, "read_span", lambda span: spans.append(span))
+    with Client(client.endpoints) as fresh:
+        for _ in range(client_module.LOCAL_READ_TRIES + 3):
+            rb, nxt, _, _ = fresh.fetch_arrow(topic, 2, 0, local=True)
+            assert rb.column("value").to_pylist() == [b"a", b"b"] and nxt == 2
+    assert len(spans) == client_module.LOCAL_READ_TRIES

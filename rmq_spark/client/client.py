@@ -33,6 +33,7 @@ from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
 __all__ = ["Client", "parse_endpoints"]
 
 log = logging.getLogger(__name__)
+LOCAL_READ_TRIES = 3        # consecutive unreadable short-circuit spans before a client stops
 MessageLike = bytes | str | Message | dict
 
 
@@ -122,6 +123,7 @@ class Client:
         self._client_id = producer_id or uuid.uuid4().hex[:16]
         self._local = threading.local()
         self._rr = random.randrange(len(self.endpoints))
+        self._unreadable_spans = 0      # short-circuit reads whose file could not be read
 
     # ------------------------------------------------------------ plumbing
     def _stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
@@ -363,7 +365,10 @@ class Client:
         """
         from .arrow import batches_to_arrow
 
-        local_host = host_id() if local and not tags else ""
+        # A client that cannot read the nodes' files (another container on the host,
+        # permissions) stops asking after a few tries instead of paying two calls a fetch.
+        local = local and not tags and self._unreadable_spans < LOCAL_READ_TRIES
+        local_host = host_id() if local else ""
         req = rmq_pb2.FetchRequest(topic=topic, queue=queue, offset=offset, max_bytes=max_bytes,
                                    wait_ms=wait_ms, allow_follower=from_follower, tags=tags,
                                    local_host=local_host)
@@ -372,6 +377,7 @@ class Client:
                          timeout=self.timeout + wait_ms / 1000)
         if resp.local is not None:
             data = read_span(resp.local)
+            self._unreadable_spans = 0 if data is not None else self._unreadable_spans + 1
             try:
                 if data is not None:
                     rb = batches_to_arrow(data, topic, queue, offset, end,

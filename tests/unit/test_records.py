@@ -408,3 +408,23 @@ def test_concat_refuses_a_block_whose_sections_do_not_fit(bad):
     buf, spans = _spans([(_encode_sample(), 2), (bad, 2)])
     with pytest.raises(ValueError, match="records block"):
         concat(buf, spans)
+
+
+@pytest.mark.parametrize("bad", [
+    _block(value_off=[0, 3, 1], value_data=b"a"),   # decreasing: Arrow would read past the data
+    _block(key_off=[1, 2, 2]),                       # not from 0
+    _block(pv_off=[0, 5, 3]),
+    _block(flags=[4, 0]),                        # unknown flag bits
+    _block(flags=[3, 0]),                        # a null value with value bytes
+])
+def test_concat_refuses_offsets_arrow_cannot_trust_and_unknown_flags(bad):
+    # A CRC only says the bytes are the ones stored: the columns handed to Arrow
+    # must still be in bounds, whatever a block says.
+    buf, spans = _spans([(_encode_sample(), 2), (bad, 2)])
+    with pytest.raises(ValueError, match="records block"):
+        concat(buf, spans)
+
+
+def test_parse_without_content_checks_still_checks_flags():
+    with pytest.raises(ValueError, match="unknown flag bits"):
+        parse(_block(flags=[2 | 4, 0]), 2, check=False)

@@ -382,3 +382,40 @@ def test_locate_outside_the_log_is_none(qpath):
     assert q.locate(q.next_offset, 1 << 20) is None
     assert q.locate(q.earliest - 1, 1 << 20) is None
     assert q.locate(q.earliest, 1 << 20) is not None
+
+
+def _one_record_batches(q: QueueLog, n: int) -> int:
+    """n batches of one record each; the size of one frame."""
+    frames = [_append(q, n=1) for _ in range(n)]
+    return len(frames[0])
+
+
+def test_locate_never_jumps_over_a_batch_with_a_bad_header(qpath):
+    # Batch 0's length made to cover batch 1: a read at offset 1 must fail as
+    # read() does, not answer a span starting at batch 2.
+    q = QueueLog(qpath, fsync=False)
+    size = _one_record_batches(q, 3)
+    with open(q.segments[0].file("log"), "r+b") as f:
+        f.write((2 * size - 8).to_bytes(4, "little"))
+    with pytest.raises(CorruptBatch):
+        q.read(1, 1 << 20)
+    with pytest.raises(CorruptBatch, match="crc mismatch"):
+        q.locate(1, 1 << 20)
+
+
+def test_locate_on_a_corrupt_header_raises_corrupt_batch_not_buffer_error(qpath):
+    # locate maps the file; nothing may keep a view of the map alive past the error
+    q = QueueLog(qpath, fsync=False)
+    size = _one_record_batches(q, 3)
+    with open(q.segments[0].file("log"), "r+b") as f:
+        f.seek(size + 8 + 16)                         # batch 1's record count
+        f.write((0).to_bytes(4, "little"))
+    with pytest.raises(CorruptBatch, match="empty batch"):
+        q.locate(2, 1 << 20)
+
+
+def test_locate_answers_an_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    q = QueueLog("rel~inc~0", fsync=False)
+    _fill(q, 2)
+    assert os.path.isabs(q.locate(0, 1 << 20).path)
