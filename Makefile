@@ -20,6 +20,7 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test,spark,notebook]' --config-settings editable_mode=compat
+	$(PY) -m compileall -q rmq_spark storage_service pyspark_rocketmq.py
 	touch $@
 
 # Delta Lake's JVM jars, resolved by Maven (cached in ~/.m2) into jars/.

@@ -43,7 +43,7 @@ import tempfile
 import time
 
 # spark_read lives next to this file; importing it also puts the checkout on sys.path.
-from spark_read import BENCH_DIR, QUEUES, alternate, produce
+from spark_read import BENCH_DIR, QUEUES, alternate, compile_sources, produce
 
 log = logging.getLogger("bench.tiering")
 TARGET_TIERING = 0.60
@@ -251,6 +251,7 @@ def setup_run() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    compile_sources()
 
 
 def write_json(path: str, results: dict, load: dict, args) -> None:

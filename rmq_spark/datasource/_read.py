@@ -7,6 +7,7 @@ come from ``Client.fetch_arrow`` column by column; no per-message Python.
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Iterator
 
@@ -125,10 +126,29 @@ def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
     return read_range(opts, part)
 
 
+_clients: dict[str, Client] = {}
+_clients_lock = threading.Lock()
+
+
+def worker_client(endpoints: str) -> Client:
+    """One client per endpoints list for the life of this Python worker process.
+
+    Spark reuses a Python worker for task after task (``spark.python.worker.reuse``,
+    on by default): a client of its own per task paid for new connections and a
+    route lookup every time, a third of a small task. The client is thread-safe
+    and follows leader changes itself; it is closed when the process exits.
+    """
+    with _clients_lock:
+        client = _clients.get(endpoints)
+        if client is None:
+            client = _clients[endpoints] = Client(endpoints)
+        return client
+
+
 def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow RecordBatches, one per fetch."""
     reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
-    client = Client(opts.endpoints)
+    client = worker_client(opts.endpoints)
     pool = ThreadPoolExecutor(1, thread_name_prefix="rmq-prefetch")
     try:
         fetcher = _Fetcher(client, opts, part)
@@ -140,4 +160,3 @@ def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
                 yield rb
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-        client.close()
