@@ -4,7 +4,7 @@
 One run measures every row on this machine and prints one table plus the
 issue's targets::
 
-    .venv/bin/python bench/spark_read.py                  # 100 B and 1 KiB, a few minutes
+    .venv/bin/python bench/spark_read.py                  # 100 B and 1 KiB, about 6 minutes
     .venv/bin/python bench/spark_read.py --quick          # smoke run, ~1 minute
     .venv/bin/python bench/spark_read.py --json bench/results/spark_read.json
 
