@@ -10,8 +10,10 @@ issue's target (Spark writes >= 50% of the produce benchmark's batched rate)::
 
 Rows:
 
-1. peer: ``bench/produce.py``'s batched row, measured here in the same run:
-   8 threads share one Client, 100 x 1 KiB random messages per produce call.
+1. peers: ``bench/produce.py``'s two batched rows, measured here in the same
+   run: 8 threads share one Client, 100 x 1 KiB random messages per produce
+   call to one queue; and one call holding such a batch for each of the 8
+   queues (``produce_batches``). Ratios and the target are against the faster.
 2. ``df.write.format("rocketmq").mode("append")`` of a cached DataFrame of
    random values (4 partitions on ``local[2]``), 100 B and 1 KiB, without key
    (spread over the queues) and 1 KiB with a key (``crc32(key) % queues``).
@@ -75,26 +77,36 @@ def timed_write(label: str, df, endpoints: str, topic: str, rows: int, repeats: 
     return statistics.median(rates)
 
 
-def measure_peer(client, args) -> float:
+def measure_peer(client, args, pids: list[int]) -> dict[str, float]:
+    """msgs/s of produce.py's two batched rows: 100 messages per call to one queue,
+    and a call holding a batch of 100 for each of the 8 queues."""
     client.create_topic(produce_bench.TOPIC, queues=produce_bench.QUEUES)
     values = [bytes(v) for v in np.random.default_rng(7).integers(
         0, 256, (1000, produce_bench.MSG_SIZE), dtype=np.uint8)]
-    return produce_bench.rmq_throughput(client, values, 100, args.threads, args.seconds, 1.0)
+    return {label: produce_bench.rmq_throughput(client, values, 100, per_queue, args.threads,
+                                                args.seconds, 1.0, pids)[0]
+            for label, per_queue in ((PEER_ONE, False), (PEER_ALL, True))}
 
 
-def render(rows: list[tuple[str, int, float]], peer: float) -> str:
-    head = f"{'rows':<44}{'msgs/s':>12}{'MB/s':>9}{'vs produce':>12}"
-    peer_name = "client produce, batch=100, 1 KiB (peer)"
-    lines = [head, "-" * len(head),
-             f"{peer_name:<44}{peer:>12,.0f}{peer * 1024 / 1e6:>9.1f}{1:>11.0%}"]
+PEER_ONE = "client produce, batch=100, 1 KiB (peer)"
+PEER_ALL = "client produce, batch=100 x 8 queues/call, 1 KiB (peer)"
+
+
+def render(rows: list[tuple[str, int, float]], peers: dict[str, float]) -> str:
+    """Ratios against the faster peer: the target is against produce's best batched rate."""
+    peer = max(peers.values())
+    head = f"{'rows':<56}{'msgs/s':>12}{'MB/s':>9}{'vs produce':>12}"
+    lines = [head, "-" * len(head)]
+    for name, rate in peers.items():
+        lines.append(f"{name:<56}{rate:>12,.0f}{rate * 1024 / 1e6:>9.1f}{rate / peer:>11.0%}")
     for name, size, rate in rows:
-        lines.append(f"{name:<44}{rate:>12,.0f}{rate * size / 1e6:>9.1f}{rate / peer:>11.0%}")
+        lines.append(f"{name:<56}{rate:>12,.0f}{rate * size / 1e6:>9.1f}{rate / peer:>11.0%}")
     lines.append("")
     for name, size, rate in rows:
         if size == 1024:
             ok = rate / peer >= TARGET_VS_PRODUCE
-            lines.append(f"target: {name} >= {TARGET_VS_PRODUCE:.0%} of batched produce: "
-                         f"{rate / peer:.0%} {'MET' if ok else 'NOT MET'}")
+            lines.append(f"target: {name} >= {TARGET_VS_PRODUCE:.0%} of batched produce "
+                         f"(the faster row): {rate / peer:.0%} {'MET' if ok else 'NOT MET'}")
     return "\n".join(lines)
 
 
@@ -130,7 +142,7 @@ def main(argv=None) -> int:
         log.info("starting LocalCluster (3 nodes, 4 groups) and Spark local[2]")
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
-            peer = measure_peer(client, args)
+            peer = measure_peer(client, args, [p.pid for p in cluster.procs if p])
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
             spark = (SparkSession.builder.master("local[2]").appName("bench-spark-write")
                      .config("spark.ui.enabled", "false")
@@ -152,7 +164,7 @@ def main(argv=None) -> int:
     print(render(results, peer))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"peer_msgs_per_s": peer, "writes": [dict(name=n, size=s, msgs_per_s=r)
+            json.dump({"peers_msgs_per_s": peer, "writes": [dict(name=n, size=s, msgs_per_s=r)
                                                            for n, s, r in results],
                        "args": vars(args)}, f, indent=2)
     return 0
