@@ -93,11 +93,10 @@ def _parse_header(buf, pos: int, verify: bool) -> BatchHeader:
     base, ts, count, apply_pos = BODY_HEADER.unpack_from(buf, start)
     if count == 0:
         raise CorruptBatch(pos, "empty batch")
-    block_at = start + BODY_HEADER.size
-    if end - block_at < records.min_block_size(count):
-        raise CorruptBatch(pos, f"records block of {end - block_at} bytes cannot hold "
-                           f"{count} records")
-    last = base + records.LAST_DELTA.unpack_from(buf, block_at + 4 * (count - 1))[0]
+    try:
+        last = base + records.last_delta(buf, count, start + BODY_HEADER.size, end)
+    except ValueError as e:
+        raise CorruptBatch(pos, str(e)) from None
     return BatchHeader(pos, end - pos, base, ts, count, apply_pos, last)
 
 

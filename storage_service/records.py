@@ -42,7 +42,7 @@ FLAG_KEY = 1
 FLAG_NULL_VALUE = 2
 _KNOWN_FLAGS = FLAG_KEY | FLAG_NULL_VALUE
 _LEN = struct.Struct("<i")
-LAST_DELTA = struct.Struct("<I")        # an offset_delta entry, read without parsing
+_LAST_DELTA = struct.Struct("<I")       # an offset_delta entry, read without parsing
 _MAX_I32 = (1 << 31) - 1
 
 
@@ -146,15 +146,18 @@ def min_block_size(n: int) -> int:
     return 13 * n + 4 * 4 * (n + 1) + 2 * 4
 
 
-def last_delta(block, n: int) -> int:
+def last_delta(block, n: int, at: int = 0, end: int | None = None) -> int:
     """Offset delta of the last record, read without parsing the block.
 
-    Checks only that the block can hold n records; a full ``parse`` checks the
-    rest (the service parses every produced block, so stored ones are sound).
+    The block is ``block[at:end]`` (default: all of it); it is read in place,
+    with no view taken. Checks only that the block can hold n records; a full
+    ``parse`` checks the rest (the service parses every produced block, so
+    stored ones are sound).
     """
-    if n <= 0 or len(block) < min_block_size(n):
-        raise ValueError(f"records block of {len(block)} bytes cannot hold {n} records")
-    return LAST_DELTA.unpack_from(block, 4 * (n - 1))[0]
+    size = (len(block) if end is None else end) - at
+    if n <= 0 or size < min_block_size(n):
+        raise ValueError(f"records block of {size} bytes cannot hold {n} records")
+    return _LAST_DELTA.unpack_from(block, at + 4 * (n - 1))[0]
 
 
 class _Reader:
@@ -297,9 +300,10 @@ def concat(buf, spans: Sequence[tuple[int, int, int]]) -> Columns:
 
     For a reader of many stored blocks at once (a fetch holds hundreds): each
     section of each block is one slice of ``buf``, and every column is built
-    with one join and a few numpy calls, not a parse per block. Checks as
-    ``parse(check=False)`` does (bounds only; for CRC-verified blocks the
-    service stored). ``offset_delta`` stays relative to each block's base.
+    with one join and a few numpy calls, not a parse per block. Checks what
+    ``parse(check=False)`` does (for CRC-verified blocks the service stored),
+    and that every offset array is non-decreasing from 0: Arrow trusts them.
+    ``offset_delta`` stays relative to each block's base.
     """
     mv = memoryview(buf)
     fixed = ([], [], [])                   # offset_delta, born_ts, flags

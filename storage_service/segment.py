@@ -54,6 +54,12 @@ def _read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
     return [st.unpack_from(data, i * st.size) for i in range(n)]
 
 
+def _index_position(idx: list[tuple[int, int]], offset: int) -> int:
+    """Byte position of the last sparse-index entry at or below ``offset`` (0 if none)."""
+    i = bisect.bisect_right([o for o, _ in idx], offset) - 1
+    return idx[i][1] if i >= 0 else 0
+
+
 @dataclass(frozen=True)
 class FileSpan:
     """Whole batches in a segment file, as ``QueueLog.locate`` found them."""
@@ -497,11 +503,7 @@ class QueueLog:
         """(first, stop, next offset) of the batches ``_read_segment`` would return."""
         if size == 0:
             return None
-        pos = 0
-        if idx:
-            i = bisect.bisect_right([o for o, _ in idx], offset) - 1
-            if i >= 0:
-                pos = idx[i][1]
+        pos = _index_position(idx, offset)
         first = stop = nxt = None
         with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
             while pos < size:
@@ -521,11 +523,7 @@ class QueueLog:
 
     def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int,
                       max_bytes: int) -> bytes | memoryview:
-        pos = 0
-        if idx:
-            i = bisect.bisect_right([o for o, _ in idx], offset) - 1
-            if i >= 0:
-                pos = idx[i][1]
+        pos = _index_position(idx, offset)
         out: list[memoryview] = []
         total = 0
         hs = codec.BATCH_HEADER.size
