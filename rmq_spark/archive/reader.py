@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from .layout import DATA_COLUMNS, Tier
 
 __all__ = ["delta_log", "delta_file_path", "ArchiveFile", "ArchiveSnapshot", "ArchiveError", "load_snapshot", "read_files",
-           "QueueFiles", "offset_for_timestamp"]
+           "QueueFiles", "offset_for_timestamp", "parquet_sink_paths"]
 
 _CONF_KEY = "\0configuration"       # where the table configuration rides among the adds
 _SUPPORTED_READER_FEATURES = {"timestampNtz", "vacuumProtocolCheck"}
@@ -212,6 +212,19 @@ def _iso_us(text: str | None) -> int:
 
 # ------------------------------------------------------- Parquet file sink log
 def _parquet_sink_files(root: str) -> list[ArchiveFile] | None:
+    paths = parquet_sink_paths(root)
+    if paths is None:
+        return None
+    out = []
+    for path in paths:
+        if os.path.exists(path):            # removed by archive retention: gone on purpose
+            out.append(_footer_file(path, _partition_value(path, "topic")))
+    return out
+
+
+def parquet_sink_paths(root: str) -> list[str] | None:
+    """Local paths of every file the Parquet file sink at ``root`` committed (latest
+    ``.compact`` + later batches), whether or not it still exists; None without a log."""
     log_dir = os.path.join(root, "_spark_metadata")
     if not os.path.isdir(log_dir):
         return None
@@ -239,11 +252,7 @@ def _parquet_sink_files(root: str) -> list[ArchiveFile] | None:
                     entries.pop(path, None)
                 else:
                     entries[path] = e
-    out = []
-    for path in entries:
-        if os.path.exists(path):            # removed by archive retention: gone on purpose
-            out.append(_footer_file(path, _partition_value(path, "topic")))
-    return out
+    return list(entries)
 
 
 def _partition_value(path: str, name: str) -> str | None:

@@ -14,6 +14,15 @@ finds nothing expired costs no Spark job.
   ``_spark_metadata`` still lists them; the ``rocketmq`` reader skips listed
   files that are gone, a plain ``spark.read.parquet`` needs
   ``ignoreMissingFiles``.
+
+A Parquet batch killed before its commit leaves its files behind: no reader
+sees them (only files the sink's log lists are read), but they take space.
+At most once an hour the job removes the topic's data files that the log
+does not list once they are ``vacuum_retain_hours`` old, as Delta's VACUUM
+does with the untracked files of a Delta table, and never a file written
+since the job started: a batch this job is writing is never touched, and
+one a job whose lease lapsed is still writing only if it has been at it for
+longer than that retain.
 """
 from __future__ import annotations
 
@@ -52,6 +61,8 @@ class ArchiveRetention:
         self.check_interval_s = check_interval_s
         self._last_check: float | None = None
         self._last_vacuum: float | None = None
+        self._last_sweep: float | None = None
+        self._created = time.time()     # files written since are this run's own
 
     def maybe_run(self, spark=None) -> RetentionResult | None:
         """Run if the last check is ``check_interval_s`` old (always the first time)."""
@@ -59,6 +70,10 @@ class ArchiveRetention:
         if self._last_check is not None and now - self._last_check < self.check_interval_s:
             return None
         self._last_check = now
+        if self.tier.format == "parquet" and (
+                self._last_sweep is None or now - self._last_sweep >= VACUUM_INTERVAL_S):
+            self._last_sweep = now
+            self.sweep_parquet_orphans()
         return self.run(spark)
 
     def run(self, spark=None) -> RetentionResult | None:
@@ -154,6 +169,43 @@ class ArchiveRetention:
                 spark.conf.set(key, old)
 
     # --------------------------------------------------------------- Parquet
+    def sweep_parquet_orphans(self) -> int:
+        """Remove this topic's Parquet data files that no committed batch lists, written
+        ``vacuum_retain_hours`` ago and before this job started (with their checksum
+        files); returns how many. Nothing is removed from an archive without a file-sink log."""
+        from rmq_spark.archive.reader import parquet_sink_paths
+
+        committed = parquet_sink_paths(self.tier.path)
+        if committed is None:
+            return 0
+        committed = {os.path.normpath(p) for p in committed}
+        # never a file this run may still be writing, whatever the retain
+        older_than = min(time.time() - self.vacuum_retain_hours * 3600, self._created)
+        top = os.path.join(self.tier.path, f"topic={self.topic}")
+        removed = 0
+        for folder, _, names in os.walk(top):
+            for name in names:
+                path = os.path.normpath(os.path.join(folder, name))
+                if (name.startswith((".", "_")) or not name.endswith(".parquet")
+                        or path in committed):
+                    continue
+                try:
+                    if os.stat(path).st_mtime >= older_than:
+                        continue
+                    os.remove(path)
+                except FileNotFoundError:
+                    continue
+                removed += 1
+                try:
+                    os.remove(os.path.join(folder, f".{name}.crc"))
+                except FileNotFoundError:
+                    pass
+        if removed:
+            log.info("archive %s: removed %d files of topic %s that no committed batch lists "
+                     "(older than %g h)", self.tier.path, removed, self.topic,
+                     self.vacuum_retain_hours)
+        return removed
+
     def _remove_parquet(self, expired, cutoff_ms: int) -> int:
         removed = 0
         for f in expired:

@@ -10,6 +10,7 @@ import glob
 import json
 import re
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from rmq_spark.archive import layout
 from rmq_spark.client import Message
 from rmq_spark.tiering import TierConfigError, tier_topic
+from rmq_spark.tiering._retention import ArchiveRetention
 from tests.conftest import wait_until
 
 from ._helpers import produce, reader
@@ -128,6 +130,54 @@ def test_round_trip_then_incremental(spark, client, endpoints, topic, tmp_path, 
     assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 304
     assert_exactly_once(rows)
     assert all(e == 0 and a == latest for e, a, latest in watermarks(client, topic).values())
+
+
+def test_parquet_files_no_batch_committed_go_once_old(spark, client, endpoints, topic,
+                                                     tmp_path):
+    """A killed Parquet batch leaves files that ``_spark_metadata`` never lists: the next
+    run removes this topic's such files once ``vacuum_retain_hours`` old. Committed files
+    (however old), recent files and other topics' files stay."""
+    path = tmp_path / "archive"
+    produce(client, topic, 300, size=100)
+    run_tier(spark, endpoints, topic, path, "parquet")
+    committed = data_files(path, topic)
+    assert committed
+    day = os.path.dirname(committed[0])
+    week_ago = time.time() - 8 * 86400
+
+    def plant(folder: str, name: str, mtime: float) -> tuple[str, str]:
+        """A data file as a killed task leaves it, with Hadoop's checksum file."""
+        f, crc = os.path.join(folder, name), os.path.join(folder, f".{name}.crc")
+        shutil.copyfile(committed[0], f)
+        with open(crc, "wb") as out:
+            out.write(b"crc")
+        os.utime(f, (mtime, mtime))
+        return f, crc
+
+    old, old_crc = plant(day, "part-00000-killed-old.c000.snappy.parquet", week_ago)
+    recent, recent_crc = plant(day, "part-00001-killed-new.c000.snappy.parquet",
+                               time.time() - 3600)
+    foreign_dir = path / "topic=another-topic" / "date=2020-01-01"
+    foreign_dir.mkdir(parents=True)
+    foreign, _ = plant(str(foreign_dir), "part-00000-other.c000.snappy.parquet", week_ago)
+    for f in committed:
+        os.utime(f, (week_ago, week_ago))
+
+    produce(client, topic, 60, size=100, start=300)
+    run_tier(spark, endpoints, topic)           # default retain: 168 hours
+    assert not os.path.exists(old) and not os.path.exists(old_crc)
+    assert all(os.path.exists(f) for f in (recent, recent_crc, foreign, *committed))
+    rows = archive_rows(spark, path, "parquet", topic)
+    assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 360
+    assert_exactly_once(rows)
+
+    # Even with no retain at all, a file written since the job started is its own batch's.
+    retention = ArchiveRetention(client, topic, layout.Tier("parquet", str(path)),
+                                 vacuum_retain_hours=0)
+    in_flight, _ = plant(day, "part-00002-in-flight.c000.snappy.parquet", time.time() + 1)
+    assert retention.sweep_parquet_orphans() == 1
+    assert not os.path.exists(recent) and os.path.exists(in_flight)
+    assert all(os.path.exists(f) for f in committed)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
