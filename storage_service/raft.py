@@ -59,8 +59,12 @@ class StateMachine(Protocol):
 
 @dataclass(frozen=True)
 class RaftTiming:
-    tick: float = 0.05               # max poll wait; commands wake the loop at once
-    append_period: float = 0.05      # heartbeat period
+    tick: float = 0.1                # max poll wait; commands wake the loop at once
+    # Heartbeat period. Commit indexes reach followers with the append after each
+    # apply, so this is only liveness: 0.1 s leaves 6-15 heartbeats per election
+    # timeout, and an idle node ticks half as often as at 0.05 s (~0.025 instead of
+    # ~0.05 CPU s per node-second with 5 groups).
+    append_period: float = 0.1
     min_timeout: float = 0.6         # election timeout range
     max_timeout: float = 1.5
     compaction_entries: int = 2000   # snapshot after this many entries ...
