@@ -17,7 +17,9 @@ otherwise. The zip is rewritten beside itself and renamed into place, with a
 zip comment naming the magic number; a zip compiled for this interpreter is
 left alone.
 
-Run by the Makefile's install step: ``python -m rmq_spark._bytecode``.
+Run by the Makefile's install step: ``python -m rmq_spark._bytecode``, with
+no Spark application running (a running worker daemon keeps the old zip's
+directory cached and would fail its next import from the replaced file).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import glob
 import importlib.util
 import marshal
 import os
+import shutil
 import struct
 import sys
 import time
@@ -61,7 +64,7 @@ def _pyc(code, info: zipfile.ZipInfo) -> bytes:
 
 def _marker() -> bytes:
     """The zip comment of a zip compiled for this interpreter."""
-    return b"rmq_spark._bytecode " + importlib.util.MAGIC_NUMBER.hex().encode()
+    return b"rmq_spark._bytecode 2 " + importlib.util.MAGIC_NUMBER.hex().encode()
 
 
 def is_compiled(path: str) -> bool:
@@ -75,7 +78,8 @@ def compile_zip(path: str) -> int:
     (0 if it was already compiled). A source that does not compile is left as source."""
     if is_compiled(path):
         return 0
-    tmp = f"{path}.{os.getpid()}.tmp"
+    archive = os.path.abspath(path)
+    tmp = f"{archive}.{os.getpid()}.tmp"
     compiled = 0
     try:
         with zipfile.ZipFile(path) as src, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as out:
@@ -87,16 +91,25 @@ def compile_zip(path: str) -> int:
                 out.writestr(info, data)
                 if not info.filename.endswith(".py"):
                     continue
-                try:
-                    code = compile(data, info.filename, "exec", dont_inherit=True)
-                except SyntaxError:
+                try:     # the file name zipimport gives the module: tracebacks match
+                    code = compile(data, os.path.join(archive, info.filename), "exec",
+                                   dont_inherit=True, optimize=0)
+                except (SyntaxError, ValueError):
                     continue                  # zipimport reports it from the source, as before
                 entry = zipfile.ZipInfo(info.filename + "c", info.date_time)
                 entry.compress_type = zipfile.ZIP_DEFLATED
                 out.writestr(entry, _pyc(code, info))
                 compiled += 1
             out.comment = _marker()
-        os.replace(tmp, path)
+        shutil.copymode(archive, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, archive)
+        dir_fd = os.open(os.path.dirname(archive), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

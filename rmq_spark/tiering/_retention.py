@@ -17,12 +17,12 @@ finds nothing expired costs no Spark job.
 
 A Parquet batch killed before its commit leaves its files behind: no reader
 sees them (only files the sink's log lists are read), but they take space.
-At most once an hour the job removes the topic's data files that the log
-does not list once they are ``vacuum_retain_hours`` old, as Delta's VACUUM
-does with the untracked files of a Delta table, and never a file written
-since the job started: a batch this job is writing is never touched, and
-one a job whose lease lapsed is still writing only if it has been at it for
-longer than that retain.
+At start and at most once an hour the job removes the topic's data files
+that the log does not list once they are ``vacuum_retain_hours`` old (at
+least 24 h), as Delta's VACUUM does with the untracked files of a Delta
+table, and never a file written since the job started: a batch this job is
+writing is never touched, and one a job whose lease lapsed is still writing
+only if it has been at it for a day.
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ __all__ = ["ArchiveRetention", "RetentionResult"]
 
 log = logging.getLogger(__name__)
 VACUUM_INTERVAL_S = 3600.0
+# A file no committed batch lists goes only this old at least, whatever the vacuum
+# retain: a job whose lease lapsed may still be writing the batch it belongs to.
+ORPHAN_MIN_AGE_H = 24.0
 
 
 @dataclass(frozen=True)
@@ -171,39 +174,70 @@ class ArchiveRetention:
     # --------------------------------------------------------------- Parquet
     def sweep_parquet_orphans(self) -> int:
         """Remove this topic's Parquet data files that no committed batch lists, written
-        ``vacuum_retain_hours`` ago and before this job started (with their checksum
-        files); returns how many. Nothing is removed from an archive without a file-sink log."""
+        ``max(vacuum_retain_hours, 24 h)`` ago and before this job started (with their
+        checksum files); returns how many. Never raises: a file it cannot remove stays.
+
+        Files are matched by their path below ``topic=TOPIC/`` (part-file names hold
+        a job uuid), not by absolute path: the log holds the paths Spark qualified,
+        the archive may be named by a relative path or through a symlink. Nothing is
+        removed from an archive without a file-sink log, nor when none of the files
+        the log lists for the topic is found where the walk looks.
+        """
+        try:
+            return self._sweep_parquet_orphans()
+        except Exception:                     # the job goes on; the next sweep retries
+            log.warning("archive %s: sweep of topic %s failed", self.tier.path, self.topic,
+                        exc_info=True)
+            return 0
+
+    def _sweep_parquet_orphans(self) -> int:
         from rmq_spark.archive.reader import parquet_sink_paths
 
-        committed = parquet_sink_paths(self.tier.path)
-        if committed is None:
+        logged = parquet_sink_paths(self.tier.path)
+        if logged is None:
             return 0
-        committed = {os.path.normpath(p) for p in committed}
-        # never a file this run may still be writing, whatever the retain
-        older_than = min(time.time() - self.vacuum_retain_hours * 3600, self._created)
-        top = os.path.join(self.tier.path, f"topic={self.topic}")
-        removed = 0
+        marker = f"topic={self.topic}"
+        committed = set()
+        for p in logged:
+            parts = os.path.normpath(p).split(os.sep)
+            if marker in parts:
+                committed.add("/".join(parts[len(parts) - parts[::-1].index(marker):]))
+        top = os.path.join(self.tier.path, marker)
+        files = {}                            # path below topic=T/ -> (folder, name)
         for folder, _, names in os.walk(top):
             for name in names:
-                path = os.path.normpath(os.path.join(folder, name))
-                if (name.startswith((".", "_")) or not name.endswith(".parquet")
-                        or path in committed):
+                if name.endswith(".parquet") and not name.startswith((".", "_")):
+                    rel = os.path.relpath(os.path.join(folder, name), top)
+                    files[rel.replace(os.sep, "/")] = (folder, name)
+        if committed and not committed & files.keys():
+            log.warning("archive %s: none of the %d files its log lists for topic %s is "
+                        "under %s; not sweeping", self.tier.path, len(committed), self.topic,
+                        top)
+            return 0
+        hours = max(self.vacuum_retain_hours, ORPHAN_MIN_AGE_H)
+        # never a file this run may still be writing, whatever the retain
+        older_than = min(time.time() - hours * 3600, self._created)
+        removed = 0
+        for rel, (folder, name) in files.items():
+            if rel in committed:
+                continue
+            path = os.path.join(folder, name)
+            try:
+                if os.stat(path).st_mtime >= older_than:
                     continue
-                try:
-                    if os.stat(path).st_mtime >= older_than:
-                        continue
-                    os.remove(path)
-                except FileNotFoundError:
-                    continue
-                removed += 1
-                try:
-                    os.remove(os.path.join(folder, f".{name}.crc"))
-                except FileNotFoundError:
-                    pass
+                os.remove(path)
+            except OSError as e:
+                if not isinstance(e, FileNotFoundError):
+                    log.warning("archive %s: cannot remove %s: %s", self.tier.path, path, e)
+                continue
+            removed += 1
+            try:
+                os.remove(os.path.join(folder, f".{name}.crc"))
+            except OSError:
+                pass
         if removed:
             log.info("archive %s: removed %d files of topic %s that no committed batch lists "
-                     "(older than %g h)", self.tier.path, removed, self.topic,
-                     self.vacuum_retain_hours)
+                     "(older than %g h)", self.tier.path, removed, self.topic, hours)
         return removed
 
     def _remove_parquet(self, expired, cutoff_ms: int) -> int:

@@ -171,13 +171,20 @@ def test_parquet_files_no_batch_committed_go_once_old(spark, client, endpoints, 
     assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 360
     assert_exactly_once(rows)
 
-    # Even with no retain at all, a file written since the job started is its own batch's.
-    retention = ArchiveRetention(client, topic, layout.Tier("parquet", str(path)),
-                                 vacuum_retain_hours=0)
+    # With no retain at all, the archive named by a relative path and through a symlink
+    # (the log holds the real absolute paths): only files over a day old go; committed
+    # files and a file written since the job started stay.
     in_flight, _ = plant(day, "part-00002-in-flight.c000.snappy.parquet", time.time() + 1)
-    assert retention.sweep_parquet_orphans() == 1
-    assert not os.path.exists(recent) and os.path.exists(in_flight)
-    assert all(os.path.exists(f) for f in committed)
+    alias = tmp_path / "alias"
+    alias.symlink_to(path)
+    for name in (os.path.relpath(path), str(alias)):
+        older, _ = plant(day, "part-00003-killed-2d.c000.snappy.parquet",
+                         time.time() - 2 * 86400)
+        retention = ArchiveRetention(client, topic, layout.Tier("parquet", name),
+                                     vacuum_retain_hours=0)
+        assert retention.sweep_parquet_orphans() == 1, name
+        assert not os.path.exists(older)
+        assert all(os.path.exists(f) for f in (recent, in_flight, foreign, *committed)), name
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -40,27 +40,31 @@ def _replace(zip_path: str, name: str, data: bytes) -> None:
 def pkg_zip(tmp_path) -> str:
     return _zip(tmp_path / "lib.zip", {
         "pkg/__init__.py": b"",
-        "pkg/mod.py": b"X = 42\n",
+        "pkg/mod.py": b"X = 42\ndef f():\n    pass\n",
         "pkg/broken.py": b"def (:\n",
         "pkg/data.txt": b"not python",
     })
 
 
 def test_adds_bytecode_next_to_each_compilable_source(pkg_zip):
+    os.chmod(pkg_zip, 0o640)
     assert not is_compiled(pkg_zip)
     assert compile_zip(pkg_zip) == 2
     with zipfile.ZipFile(pkg_zip) as z:
         names = set(z.namelist())
-        assert z.read("pkg/data.txt") == b"not python" and z.read("pkg/mod.py") == b"X = 42\n"
+        assert z.read("pkg/data.txt") == b"not python" and z.read("pkg/mod.py").startswith(b"X = 42")
     assert {"pkg/__init__.pyc", "pkg/mod.pyc"} <= names
     assert "pkg/broken.pyc" not in names          # left to fail from its source, as before
-    assert _run(pkg_zip, "import pkg.mod; print(pkg.mod.X)") == "42"
+    assert os.stat(pkg_zip).st_mode & 0o777 == 0o640
+    # code names its file as zipimport does (pyspark tells its own frames by that path)
+    assert _run(pkg_zip, "import pkg.mod; print(pkg.mod.X, pkg.mod.f.__code__.co_filename)") \
+        == f"42 {os.path.join(pkg_zip, 'pkg', 'mod.py')}"
 
 
 def test_the_bytecode_is_what_zipimport_loads_while_it_matches_the_source(pkg_zip):
     compile_zip(pkg_zip)
     # same size and time: zipimport trusts the .pyc (proof that it is used at all)
-    _replace(pkg_zip, "pkg/mod.py", b"X = 43\n")
+    _replace(pkg_zip, "pkg/mod.py", b"X = 43\ndef f():\n    pass\n")
     assert _run(pkg_zip, "import pkg.mod; print(pkg.mod.X)") == "42"
     # another size: the .pyc is stale, zipimport compiles the source
     _replace(pkg_zip, "pkg/mod.py", b"X = 4300\n")
