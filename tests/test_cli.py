@@ -131,3 +131,7 @@ def test_tiered_topic_create_and_alter(cluster):
     assert bad.returncode != 0 and "delta:PATH or parquet:PATH" in bad.stderr
     d = json.loads(rmq(cluster, "topic", "describe", "cli-tier", "--json").stdout)
     assert (d["tier"], d["local_retention_ms"]) == ("delta:/tmp/a", 2 * 3600_000)
+    # a relative PATH means the current directory's, recorded absolute
+    rmq(cluster, "topic", "alter", "cli-tier", "--tier", "parquet:rel-archive")
+    d = json.loads(rmq(cluster, "topic", "describe", "cli-tier", "--json").stdout)
+    assert d["tier"] == f"parquet:{os.path.abspath('rel-archive')}"

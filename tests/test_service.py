@@ -122,6 +122,9 @@ def test_follower_read_and_not_leader_redirect(cluster, client, topic):
     (lambda c, t: c.create_topic("x" * 128), InvalidArgument, "1-127"),
     (lambda c, t: c.create_topic("ok-name", queues=0), InvalidArgument, "queues=0"),
     (lambda c, t: c.create_topic("ok-name2", cleanup_policy="shred"), InvalidArgument, "cleanup_policy"),
+    (lambda c, t: c.create_topic("ok-name3", tier="delta:rel/archive"), InvalidArgument,
+     "must be absolute"),
+    (lambda c, t: c.alter_topic(t, tier="parquet:archive"), InvalidArgument, "must be absolute"),
     (lambda c, t: c.commit_offsets("g", t, {7: 1}), InvalidArgument, "queue 7"),
 ])
 def test_bad_input_is_rejected_and_changes_nothing(client, topic, call, error, text):
@@ -131,7 +134,8 @@ def test_bad_input_is_rejected_and_changes_nothing(client, topic, call, error, t
     assert text in str(exc.value)
     assert client.offsets(topic) == before
     assert {t["name"] for t in client.list_topics()} >= {topic}
-    assert "ok-name" not in {t["name"] for t in client.list_topics()}
+    assert not {"ok-name", "ok-name3"} & {t["name"] for t in client.list_topics()}
+    assert client.describe_topic(topic)["tier"] == ""
 
 
 def test_out_of_range_error_carries_bounds(client, topic):

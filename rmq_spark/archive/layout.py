@@ -19,6 +19,8 @@ Watermarks in the service's metadata group, per queue:
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 
 FORMATS = ("delta", "parquet")
@@ -39,6 +41,19 @@ class Tier:
 
     def __str__(self) -> str:
         return f"{self.format}:{self.path}"
+
+
+def absolute_tier(spec: str | None) -> str | None:
+    """``FORMAT:PATH`` with a relative local PATH made absolute (from the current
+    directory), as the command line means it; anything else as it was (the service
+    refuses a tier it cannot take, naming it)."""
+    if not spec:
+        return spec
+    fmt, sep, path = spec.partition(":")
+    if sep and fmt in FORMATS and path and not path.startswith(("/", "file:")) \
+            and "://" not in path:
+        return f"{fmt}:{os.path.abspath(path)}"
+    return spec
 
 
 def parse_tier(spec: str, what: str = "tier") -> Tier | None:

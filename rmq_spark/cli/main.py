@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 
+from ..archive.layout import absolute_tier
 from ..client import Client, Message, RmqError
 from ._format import human_bytes, parse_duration_ms, parse_size_bytes, table, utc_text
 
@@ -144,7 +145,7 @@ def cmd_topic(client: Client, a) -> int:
     if a.action == "create":
         cfg = client.create_topic(a.name, queues=a.queues, retention_ms=parse_duration_ms(a.retention),
                                   retention_bytes=parse_size_bytes(a.retention_bytes),
-                                  cleanup_policy=a.cleanup_policy, tier=a.tier,
+                                  cleanup_policy=a.cleanup_policy, tier=absolute_tier(a.tier),
                                   local_retention_ms=parse_duration_ms(a.local_retention),
                                   delete_retention_ms=parse_duration_ms(a.delete_retention),
                                   min_compaction_lag_ms=parse_duration_ms(a.min_compaction_lag))
@@ -152,7 +153,8 @@ def cmd_topic(client: Client, a) -> int:
     elif a.action == "alter":
         opt = lambda v, f: None if v is None else f(v)  # noqa: E731
         cfg = client.alter_topic(a.name, retention_ms=opt(a.retention, parse_duration_ms),
-                                 retention_bytes=opt(a.retention_bytes, parse_size_bytes), tier=a.tier,
+                                 retention_bytes=opt(a.retention_bytes, parse_size_bytes),
+                                 tier=absolute_tier(a.tier),
                                  local_retention_ms=opt(a.local_retention, parse_duration_ms),
                                  queues=a.queues,
                                  delete_retention_ms=opt(a.delete_retention, parse_duration_ms),
