@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import grpc
 
 from .proto import rmq_pb2, rmq_pb2_grpc
 
-__all__ = ["LocalCluster", "free_port_block"]
+__all__ = ["LocalCluster", "free_port_block", "ephemeral_port_range"]
 
 
 def _ports_free(host: str, ports: Sequence[int]) -> bool:
@@ -39,9 +40,37 @@ def _ports_free(host: str, ports: Sequence[int]) -> bool:
             s.close()
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; else its default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port_block(size: int, host: str = "127.0.0.1", avoid: Sequence[int] = ()) -> int:
-    """A base port such that base..base+size-1 are all free (OS-assigned start)."""
-    for _ in range(200):
+    """A base port such that base..base+size-1 are all free, outside the kernel's
+    ephemeral range where it can.
+
+    A node binds its ports some time after they are chosen, while the nodes started
+    before it already connect out. A port from the ephemeral range can become the
+    source port of one of those connections first, and a raft connection lives as
+    long as the cluster: the node could never bind it (seen once as a node "not
+    ready after 60 s"). Ports below or above that range are never handed out as
+    source ports.
+    """
+    lo, hi = ephemeral_port_range()
+    spans = [(a, b - size) for a, b in ((10000, lo), (hi + 1, 65536)) if b - size > a]
+    rng = random.SystemRandom()
+    for _ in range(200 if spans else 0):
+        a, b = rng.choice(spans)
+        base = rng.randrange(a, b)
+        block = range(base, base + size)
+        if not set(block) & set(avoid) and _ports_free(host, block):
+            return base
+    for _ in range(200):          # no room outside the ephemeral range: OS-assigned start
         s = socket.socket()
         s.bind((host, 0))
         base = s.getsockname()[1]
