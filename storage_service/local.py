@@ -144,9 +144,15 @@ class LocalCluster:
         log.close()
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
-        for i in range(self.nodes):
-            self.start_node(i)
-        self.wait_ready(timeout)
+        """Start every node and wait until each sees a leader for every group. If that
+        fails, the nodes started are stopped again (``with`` never reaches ``__exit__``)."""
+        try:
+            for i in range(self.nodes):
+                self.start_node(i)
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def health(self, i: int) -> rmq_pb2.HealthResponse | None:

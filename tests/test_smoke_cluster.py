@@ -1,4 +1,9 @@
+import os
+import socket
+
 import pytest
+
+from storage_service.local import LocalCluster, free_port_block
 
 pytestmark = pytest.mark.integration
 
@@ -10,3 +15,35 @@ def test_produce_fetch_roundtrip(client, topic):
     assert [r.value for r in got.records] == [b"a", b"b", b"c"]
     assert [r.offset for r in got.records] == [0, 1, 2]
     assert got.next_offset == 3
+
+
+
+def _processes_with(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
+    """A node whose raft port is taken never sees every leader: start() fails naming
+    it and stops the nodes it started (a ``with`` block never reaches __exit__)."""
+    base = free_port_block(18)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base + 6 + 2))        # node 1, data group 1 (span = groups + 2)
+    taken.listen()
+    data_dir = str(tmp_path / "cluster")
+    cluster = LocalCluster(nodes=3, groups=4, data_dir=data_dir, port=base)
+    try:
+        with pytest.raises(TimeoutError, match=r"nodes \[1\] not ready"):
+            cluster.start(timeout=8)
+    finally:
+        taken.close()
+    assert cluster.procs == [None, None, None]
+    assert _processes_with(data_dir) == []
