@@ -77,7 +77,7 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
         raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
     if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
         raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
-    if c.tier and not re.match(r"^[a-z]+:(/|file:/)", c.tier):
+    if c.tier and not re.match(r"^(delta|parquet):(/|file:/)", c.tier):
         # every job and reader must find the same archive, whatever its working directory
         raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute (delta:PATH or "
                       "parquet:PATH, e.g. delta:/data/archive)")

@@ -199,9 +199,9 @@ class ArchiveRetention:
         marker = f"topic={self.topic}"
         committed = set()
         for p in logged:
-            parts = os.path.normpath(p).split(os.sep)
-            if marker in parts:
-                committed.add("/".join(parts[len(parts) - parts[::-1].index(marker):]))
+            _, found, rel = os.path.normpath(p).rpartition(os.sep + marker + os.sep)
+            if found:
+                committed.add(rel.replace(os.sep, "/"))
         top = os.path.join(self.tier.path, marker)
         files = {}                            # path below topic=T/ -> (folder, name)
         for folder, _, names in os.walk(top):
