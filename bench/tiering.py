@@ -195,7 +195,7 @@ def render(tiering: dict, history: dict, size: int, load: dict) -> str:
         else:
             cells += f"{rate / part[peer]:>9.0%}" if peer else f"{'peer':>9}"
         lines.append(cells)
-    lines.append(f"\ntier_topic outside its micro-batches (Delta table check, query start "
+    lines.append(f"\ntier_topic outside its micro-batches (lease, checkpoint, query start "
                  f"and stop): {tiering['tiering_outside_batches_s']:.1f} s a run")
     lines.append(f"full history: {history['from_archive']:,} rows read from the archive "
                  f"({history['only_in_archive']:,} of them only there, trimmed from the hot "

@@ -32,6 +32,10 @@ STATS_COLUMNS = ("queue", "offset", "timestamp")
 ARCHIVE_DDL = ("queue int, offset long, timestamp timestamp, born_timestamp timestamp, key binary, "
                "value binary, tags string, properties map<string,string>, msg_id string, "
                "topic string, date date")
+# A new Delta archive's table properties: statistics on the columns reads prune by, and
+# no deletion vectors (the archive reader reads data files as they are).
+DELTA_TABLE_PROPERTIES = {"delta.dataSkippingStatsColumns": ",".join(STATS_COLUMNS),
+                          "delta.enableDeletionVectors": "false"}
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import threading
-import time
 from typing import Callable
 
 from rmq_spark.archive import layout
@@ -158,8 +157,6 @@ class _Run:
     def _start(self):
         s = self.s
         with session_conf(self.spark, self._conf()):
-            if s.tier.format == "delta":
-                _ensure_delta_table(self.spark, s.tier.path)
             starting = self._prepare_checkpoint()
             sync_watermark(self.client, s.topic, s.checkpoint)
             self.retention.maybe_run(self.spark)
@@ -242,10 +239,26 @@ class _Run:
         self.lease.check()          # a job whose lease lapsed must not append
         if self._app_id is None:
             self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
-        (df.sortWithinPartitions(*layout.PARTITION_COLUMNS, "queue", "offset")
-         .write.format("delta").option("txnAppId", self._app_id)
-         .option("txnVersion", batch_id).mode("append")
-         .partitionBy(*layout.PARTITION_COLUMNS).save(self.s.tier.path))
+        path = self.s.tier.path
+        new = not _has_delta_log(path)
+        # A new archive is created by its first append (the "delta." options are its
+        # table properties; an existing table ignores them). Creating it before the
+        # query instead costs a CREATE TABLE, and makes the first append's txn lookup
+        # compute the table's state: ~1 s per new archive.
+        write = (df.sortWithinPartitions(*layout.PARTITION_COLUMNS, "queue", "offset")
+                 .write.format("delta").options(**layout.DELTA_TABLE_PROPERTIES)
+                 .option("txnAppId", self._app_id).option("txnVersion", batch_id)
+                 .mode("append").partitionBy(*layout.PARTITION_COLUMNS))
+        try:
+            write.save(path)
+        except Exception:
+            # Two jobs (topics sharing an archive) creating the table at once: one
+            # commit loses (ProtocolChangedException). The table exists now; append to
+            # it. Had this append committed, its txn version would make the retry a no-op.
+            if not new or not _has_delta_log(path):
+                raise
+            log.info("archive %s was created by another job meanwhile; appending again", path)
+            write.save(path)
         self.retention.maybe_run(df.sparkSession)
 
     # ---------------------------------------------------------- monitor
@@ -326,27 +339,10 @@ def _sink_latest_batch(tier: layout.Tier) -> int | None:
     return max(ids) if ids else None
 
 
-def _ensure_delta_table(spark, path: str) -> None:
-    """Create the archive table (schema, partitioning, properties) unless it exists.
-
-    An existing table is not inspected here (that costs Spark jobs on every
-    run): the archive's log is read at start anyway (``archived_positions``),
-    and that refuses deletion vectors and column mapping; a foreign schema
-    fails the first append.
-    """
-    from delta.tables import DeltaTable
-
-    if os.path.isdir(os.path.join(path, "_delta_log")):
-        return
-    schema = spark.createDataFrame([], layout.ARCHIVE_DDL).schema
-    for attempt in range(3):             # another topic's job may create it at the same time
-        try:
-            (DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-             .partitionedBy(*layout.PARTITION_COLUMNS)
-             .property("delta.dataSkippingStatsColumns", ",".join(layout.STATS_COLUMNS))
-             .property("delta.enableDeletionVectors", "false").execute())
-            return
-        except Exception:
-            if attempt == 2 or not DeltaTable.isDeltaTable(spark, path):
-                raise
-            time.sleep(0.2)
+def _has_delta_log(path: str) -> bool:
+    """Whether the Delta table at ``path`` has a first commit."""
+    log_dir = os.path.join(path, "_delta_log")
+    try:
+        return any(n.endswith(".json") or ".checkpoint" in n for n in os.listdir(log_dir))
+    except FileNotFoundError:
+        return False

@@ -316,8 +316,8 @@ def test_archive_is_a_delta_table_and_describe_shows_it(spark, client, endpoints
     produce(client, topic, 40)
     run_tier(spark, endpoints, topic, path, "delta")
     table = DeltaTable.forPath(spark, str(path))
-    history = {r.operation for r in table.history().collect()}
-    assert {"CREATE TABLE", "WRITE"} <= history
+    history = [(r.version, r.operation) for r in table.history().collect()]
+    assert history == [(0, "WRITE")]         # the first append created the table
     want = spark.createDataFrame([], layout.ARCHIVE_DDL).schema
     assert [(f.name, f.dataType) for f in table.toDF().schema] == \
         [(f.name, f.dataType) for f in want]
@@ -338,6 +338,57 @@ def test_archive_is_a_delta_table_and_describe_shows_it(spark, client, endpoints
         assert cells[2:4] == ["0", "12"] and cells[6:9] == ["0", "10", "2"], line
     d = json.loads(rmq(endpoints, "topic", "describe", topic, "--json").stdout)
     assert [(q["archive_earliest"], q["archived"]) for q in d["queue_info"]] == [(0, 10)] * 4
+
+
+def test_topics_sharing_a_new_delta_archive_create_it_together(spark, client, endpoints,
+                                                              tmp_path, caplog, monkeypatch):
+    """Two topics' jobs on one new archive: both first appends find no table and
+    create it, one loses the commit and appends again; each topic once, complete."""
+    import threading
+
+    from delta.tables import DeltaTable
+
+    from rmq_spark.tiering import _job
+
+    path = tmp_path / "shared"
+    topics = ["shared-a", "shared-b"]
+    for i, t in enumerate(topics):
+        client.create_topic(t, queues=2)
+        produce(client, t, 300, queues=2, start=1000 * i)
+    # Both first batches look for the table before either writes (the race, made certain).
+    both_looked = threading.Barrier(len(topics))
+    real_has_log = _job._has_delta_log
+
+    def has_log_after_both_looked(p):
+        found = real_has_log(p)
+        if not found and not both_looked.broken:    # the first looks; a retry finds the table
+            both_looked.wait(timeout=60)
+        return found
+
+    monkeypatch.setattr(_job, "_has_delta_log", has_log_after_both_looked)
+    errors: list[BaseException] = []
+
+    def tier(t):
+        try:
+            run_tier(spark, endpoints, t, path, "delta")
+        except BaseException as e:
+            errors.append(e)
+
+    with caplog.at_level("INFO", logger="rmq_spark.tiering._job"):
+        threads = [threading.Thread(target=tier, args=(t,)) for t in topics]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=300)
+    assert not errors, errors
+    retried = [r for r in caplog.records if "created by another job meanwhile" in r.message]
+    assert len(retried) == 1
+    for t in topics:
+        rows = archive_rows(spark, path, "delta", t)
+        assert rows == hot_rows(spark, endpoints, t) and len(rows) == 300
+        assert_exactly_once(rows)
+    ops = [r.operation for r in DeltaTable.forPath(spark, str(path)).history().collect()]
+    assert ops == ["WRITE", "WRITE"]
 
 
 def test_cli_bad_input_is_refused_and_changes_nothing(client, endpoints, topic, tmp_path):
