@@ -99,27 +99,49 @@ def load_snapshot(tier: Tier) -> ArchiveSnapshot | None:
 def delta_log(root: str) -> tuple[list[dict], dict] | None:
     """The live ``add`` actions and table configuration of the Delta table at ``root``
     (last classic checkpoint + later JSON commits); None if it has no log yet."""
+    adds: dict[str, dict] = {}
+    if not _replay_delta_log(root, lambda action: _apply_action(action, adds)):
+        return None
+    conf = adds.pop(_CONF_KEY, {})
+    return list(adds.values()), conf
+
+
+def delta_referenced_paths(root: str) -> set[str] | None:
+    """Local paths of every file an ``add`` or a ``remove`` (a tombstone VACUUM has
+    not passed yet) of the Delta table at ``root`` names, from the last checkpoint and
+    later commits; None if it has no log yet."""
+    paths: set[str] = set()
+
+    def note(action: dict) -> None:
+        for kind in ("add", "remove"):
+            if kind in action:
+                paths.add(delta_file_path(root, action[kind]))
+
+    return paths if _replay_delta_log(root, note) else None
+
+
+def _replay_delta_log(root: str, apply) -> bool:
+    """Feed each action of the last checkpoint, then of each later commit, to
+    ``apply``; False when the table has no log."""
     log_dir = os.path.join(root, "_delta_log")
     if not os.path.isdir(log_dir):
-        return None
+        return False
     names = os.listdir(log_dir)
     commits = sorted(int(n[:20]) for n in names if re.fullmatch(r"\d{20}\.json", n))
     checkpoint, parts = _latest_checkpoint(log_dir, names)
     if checkpoint is None and not commits:
-        return None
-    adds: dict[str, dict] = {}
+        return False
     if checkpoint is not None:
         for part in parts:
-            _checkpoint_actions(os.path.join(log_dir, part), adds)
+            _checkpoint_actions(os.path.join(log_dir, part), apply)
     for v in commits:
         if checkpoint is not None and v <= checkpoint:
             continue
         with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as fh:
             for line in fh:
                 if line.strip():
-                    _apply_action(json.loads(line), adds)
-    conf = adds.pop(_CONF_KEY, {})
-    return list(adds.values()), conf
+                    apply(json.loads(line))
+    return True
 
 
 def delta_file_path(root: str, add: dict) -> str:
@@ -148,7 +170,7 @@ def _latest_checkpoint(log_dir: str, names: list[str]) -> tuple[int | None, list
     return None, []
 
 
-def _checkpoint_actions(path: str, adds: dict[str, dict]) -> None:
+def _checkpoint_actions(path: str, apply) -> None:
     table = pq.read_table(path)
     cols = set(table.column_names)
     for action in ("protocol", "metaData", "add", "remove"):
@@ -158,7 +180,7 @@ def _checkpoint_actions(path: str, adds: dict[str, dict]) -> None:
             if value is not None:
                 if action == "add" and isinstance(value.get("partitionValues"), list):
                     value["partitionValues"] = dict(value["partitionValues"])
-                _apply_action({action: value}, adds)
+                apply({action: value})
 
 
 def _apply_action(action: dict, adds: dict[str, dict]) -> None:

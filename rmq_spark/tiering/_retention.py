@@ -15,14 +15,15 @@ finds nothing expired costs no Spark job.
   files that are gone, a plain ``spark.read.parquet`` needs
   ``ignoreMissingFiles``.
 
-A Parquet batch killed before its commit leaves its files behind: no reader
-sees them (only files the sink's log lists are read), but they take space.
+A batch killed before its commit leaves its files behind: no reader sees
+them (readers take the files from the archive's log), but they take space.
 At start and at most once an hour the job removes the topic's data files
-that the log does not list once they are ``vacuum_retain_hours`` old (at
-least 24 h), as Delta's VACUUM does with the untracked files of a Delta
-table, and never a file written since the job started: a batch this job is
-writing is never touched, and one a job whose lease lapsed is still writing
-only if it has been at it for a day.
+that the log does not name (Parquet: the sink's log; Delta: its log's adds
+and the removes VACUUM has not deleted yet) once they are
+``vacuum_retain_hours`` old (at least 24 h), as Delta's ``VACUUM FULL`` does
+with a table's untracked files, and never a file written since the job
+started: a batch this job is writing is never touched, and one a job whose
+lease lapsed is still writing only if it has been at it for a day.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 from rmq_spark.archive import layout
 from rmq_spark.client import Client
+from rmq_spark.spark import session_conf
 
 from ._config import DEFAULT_VACUUM_RETAIN_HOURS
 
@@ -44,6 +46,7 @@ VACUUM_INTERVAL_S = 3600.0
 # A file no committed batch lists goes only this old at least, whatever the vacuum
 # retain: a job whose lease lapsed may still be writing the batch it belongs to.
 ORPHAN_MIN_AGE_H = 24.0
+_LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,9 @@ class ArchiveRetention:
         if self._last_check is not None and now - self._last_check < self.check_interval_s:
             return None
         self._last_check = now
-        if self.tier.format == "parquet" and (
-                self._last_sweep is None or now - self._last_sweep >= VACUUM_INTERVAL_S):
+        if self._last_sweep is None or now - self._last_sweep >= VACUUM_INTERVAL_S:
             self._last_sweep = now
-            self.sweep_parquet_orphans()
+            self.sweep_orphans()
         return self.run(spark)
 
     def run(self, spark=None) -> RetentionResult | None:
@@ -166,40 +168,51 @@ class ArchiveRetention:
             except Exception as e:   # the log no longer covers the last vacuum: list it all
                 log.info("VACUUM LITE of %s not possible (%s); running a full VACUUM",
                          self.tier.path, str(e).splitlines()[0])
-                spark.sql(f"VACUUM {table} FULL {retain}")
+                # Delta lists the table in 10,000 tasks by default: ~2 minutes for a
+                # small table on 2 cores; as many as the app has cores: ~10 s.
+                cores = str(max(1, spark.sparkContext.defaultParallelism))
+                with session_conf(spark, {_LISTING_PARALLELISM: cores}):
+                    spark.sql(f"VACUUM {table} FULL {retain}")
         finally:
             if short:
                 spark.conf.set(key, old)
 
-    # --------------------------------------------------------------- Parquet
-    def sweep_parquet_orphans(self) -> int:
-        """Remove this topic's Parquet data files that no committed batch lists, written
+    # --------------------------------------------------------------- orphans
+    def sweep_orphans(self) -> int:
+        """Remove this topic's data files that the archive's log does not name, written
         ``max(vacuum_retain_hours, 24 h)`` ago and before this job started (with their
         checksum files); returns how many. Never raises: a file it cannot remove stays.
+
+        Such files are what a batch killed before its commit leaves. The log: the
+        Parquet file sink's ``_spark_metadata``; Delta's log, where a file named by
+        an ``add`` or by a ``remove`` (VACUUM's to delete, once it is old enough)
+        stays. Delta's own ``VACUUM FULL`` would find them too, but lists the whole
+        table (every topic) in several Spark jobs: tens of seconds on a small machine.
 
         Files are matched by their path below ``topic=TOPIC/`` (part-file names hold
         a job uuid), not by absolute path: the log holds the paths Spark qualified,
         the archive may be named by a relative path or through a symlink. Nothing is
-        removed from an archive without a file-sink log, nor when none of the files
-        the log lists for the topic is found where the walk looks.
+        removed from an archive without a log, nor when none of the files the log
+        names for the topic is found where the walk looks.
         """
         try:
-            return self._sweep_parquet_orphans()
+            return self._sweep_orphans()
         except Exception:                     # the job goes on; the next sweep retries
             log.warning("archive %s: sweep of topic %s failed", self.tier.path, self.topic,
                         exc_info=True)
             return 0
 
-    def _sweep_parquet_orphans(self) -> int:
-        from rmq_spark.archive.reader import parquet_sink_paths
+    def _sweep_orphans(self) -> int:
+        from rmq_spark.archive.reader import delta_referenced_paths, parquet_sink_paths
 
-        logged = parquet_sink_paths(self.tier.path)
+        logged = (parquet_sink_paths if self.tier.format == "parquet"
+                  else delta_referenced_paths)(self.tier.path)
         if logged is None:
             return 0
         marker = f"topic={self.topic}"
         committed = set()
         for p in logged:
-            _, found, rel = os.path.normpath(p).rpartition(os.sep + marker + os.sep)
+            _, found, rel = os.path.abspath(p).rpartition(os.sep + marker + os.sep)
             if found:
                 committed.add(rel.replace(os.sep, "/"))
         top = os.path.join(self.tier.path, marker)
@@ -236,7 +249,7 @@ class ArchiveRetention:
             except OSError:
                 pass
         if removed:
-            log.info("archive %s: removed %d files of topic %s that no committed batch lists "
+            log.info("archive %s: removed %d files of topic %s that its log does not name "
                      "(older than %g h)", self.tier.path, removed, self.topic, hours)
         return removed
 

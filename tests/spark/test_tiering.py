@@ -132,14 +132,14 @@ def test_round_trip_then_incremental(spark, client, endpoints, topic, tmp_path, 
     assert all(e == 0 and a == latest for e, a, latest in watermarks(client, topic).values())
 
 
-def test_parquet_files_no_batch_committed_go_once_old(spark, client, endpoints, topic,
-                                                     tmp_path):
-    """A killed Parquet batch leaves files that ``_spark_metadata`` never lists: the next
-    run removes this topic's such files once ``vacuum_retain_hours`` old. Committed files
-    (however old), recent files and other topics' files stay."""
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_files_no_batch_committed_go_once_old(spark, client, endpoints, topic, tmp_path, fmt):
+    """A batch killed before its commit leaves files the archive's log never names: the
+    next run removes this topic's such files once ``vacuum_retain_hours`` old. Committed
+    files (however old), recent files and other topics' files stay."""
     path = tmp_path / "archive"
     produce(client, topic, 300, size=100)
-    run_tier(spark, endpoints, topic, path, "parquet")
+    run_tier(spark, endpoints, topic, path, fmt)
     committed = data_files(path, topic)
     assert committed
     day = os.path.dirname(committed[0])
@@ -167,7 +167,7 @@ def test_parquet_files_no_batch_committed_go_once_old(spark, client, endpoints, 
     run_tier(spark, endpoints, topic)           # default retain: 168 hours
     assert not os.path.exists(old) and not os.path.exists(old_crc)
     assert all(os.path.exists(f) for f in (recent, recent_crc, foreign, *committed))
-    rows = archive_rows(spark, path, "parquet", topic)
+    rows = archive_rows(spark, path, fmt, topic)
     assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 360
     assert_exactly_once(rows)
 
@@ -180,11 +180,24 @@ def test_parquet_files_no_batch_committed_go_once_old(spark, client, endpoints, 
     for name in (os.path.relpath(path), str(alias)):
         older, _ = plant(day, "part-00003-killed-2d.c000.snappy.parquet",
                          time.time() - 2 * 86400)
-        retention = ArchiveRetention(client, topic, layout.Tier("parquet", name),
+        retention = ArchiveRetention(client, topic, layout.Tier(fmt, name),
                                      vacuum_retain_hours=0)
-        assert retention.sweep_parquet_orphans() == 1, name
+        assert retention.sweep_orphans() == 1, name
         assert not os.path.exists(older)
         assert all(os.path.exists(f) for f in (recent, in_flight, foreign, *committed)), name
+    if fmt == "delta":
+        # A file a DELETE retired is VACUUM's (time travel reads it until then): it stays.
+        from delta.tables import DeltaTable
+
+        DeltaTable.forPath(spark, str(path)).delete(f"topic = '{topic}' AND offset < 3")
+        files = set(data_files(path, topic)) - {recent, in_flight}    # the log's
+        assert set(committed) < files            # the DELETE wrote files, removed none
+        for f in files:
+            os.utime(f, (week_ago, week_ago))
+        retention = ArchiveRetention(client, topic, layout.Tier(fmt, str(path)),
+                                     vacuum_retain_hours=0)
+        assert retention.sweep_orphans() == 0
+        assert all(os.path.exists(f) for f in files)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
