@@ -94,12 +94,15 @@ def produce(client, topic: str, count: int, size: int) -> None:
 
 def alternate(runs: dict, rows: int, repeats: int) -> dict[str, float]:
     """Median rows/s per label: one warm-up each, then ``repeats`` rounds of every run
-    in turn, so on a shared machine every row sees the same load."""
+    in turn, so on a shared machine every row sees the same load. Each timed run
+    starts after an (untimed) ``os.sync()``: the page-cache writeback of the run
+    before it (hundreds of MB) is not charged to the next one."""
     for run in runs.values():
         run()
     rates: dict[str, list[float]] = {label: [] for label in runs}
     for i in range(repeats):
         for label, run in runs.items():
+            os.sync()
             t = time.perf_counter()
             run()
             rates[label].append(rows / (time.perf_counter() - t))

@@ -235,7 +235,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=400_000, help="messages per topic")
     p.add_argument("--size", type=int, default=1024, help="message value bytes")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5,
+                   help="timed rounds after the warm-up (default 5: runs vary by up to 1.5x here)")
     p.add_argument("--quick", action="store_true", help="40k messages, one repeat")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--plot", default=os.path.join(BENCH_DIR, "results", "tiering.png"),

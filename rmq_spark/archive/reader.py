@@ -111,11 +111,14 @@ def delta_referenced_paths(root: str) -> set[str] | None:
     not passed yet) of the Delta table at ``root`` names, from the last checkpoint and
     later commits; None if it has no log yet."""
     paths: set[str] = set()
+    scratch: dict[str, dict] = {}
 
     def note(action: dict) -> None:
         for kind in ("add", "remove"):
             if kind in action:
                 paths.add(delta_file_path(root, action[kind]))
+        if "protocol" in action or "metaData" in action:
+            _apply_action(action, scratch)      # refuses a table this reader cannot read
 
     return paths if _replay_delta_log(root, note) else None
 
@@ -131,6 +134,15 @@ def _replay_delta_log(root: str, apply) -> bool:
     checkpoint, parts = _latest_checkpoint(log_dir, names)
     if checkpoint is None and not commits:
         return False
+    first = 0 if checkpoint is None else checkpoint + 1
+    later = [v for v in commits if v >= first]
+    if later != list(range(first, first + len(later))):
+        # e.g. log cleanup after a checkpoint kind not read here (v2, sidecars)
+        missing = next(v for v in range(first, later[-1]) if v not in set(later))
+        after = "the table's start" if checkpoint is None else f"checkpoint {checkpoint}"
+        raise ArchiveError(f"{log_dir}: commit {missing} is missing (the log holds commits "
+                           f"{later[0]}-{later[-1]} after {after}); the rocketmq reader reads "
+                           "classic checkpoints and JSON commits only")
     if checkpoint is not None:
         for part in parts:
             _checkpoint_actions(os.path.join(log_dir, part), apply)

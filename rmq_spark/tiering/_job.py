@@ -236,6 +236,8 @@ class _Run:
 
     # ----------------------------------------------------------- writer
     def _delta_batch(self, df, batch_id: int) -> None:
+        from delta.exceptions import MetadataChangedException, ProtocolChangedException
+
         self.lease.check()          # a job whose lease lapsed must not append
         if self._app_id is None:
             self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
@@ -251,13 +253,15 @@ class _Run:
                  .mode("append").partitionBy(*layout.PARTITION_COLUMNS))
         try:
             write.save(path)
-        except Exception:
+        except (ProtocolChangedException, MetadataChangedException) as e:
             # Two jobs (topics sharing an archive) creating the table at once: one
-            # commit loses (ProtocolChangedException). The table exists now; append to
-            # it. Had this append committed, its txn version would make the retry a no-op.
+            # commit loses. The table exists now; append to it. Had this append
+            # committed, its txn version would make the retry a no-op.
             if not new or not _has_delta_log(path):
                 raise
-            log.info("archive %s was created by another job meanwhile; appending again", path)
+            log.info("archive %s was created by another job meanwhile (%s); appending again",
+                     path, type(e).__name__)
+            self.lease.check()
             write.save(path)
         self.retention.maybe_run(df.sparkSession)
 

@@ -192,8 +192,10 @@ class ArchiveRetention:
         Files are matched by their path below ``topic=TOPIC/`` (part-file names hold
         a job uuid), not by absolute path: the log holds the paths Spark qualified,
         the archive may be named by a relative path or through a symlink. Nothing is
-        removed from an archive without a log, nor when none of the files the log
-        names for the topic is found where the walk looks.
+        removed from an archive without a log, or with both formats' logs, nor when
+        the log names no file of the topic or none of them is found where the walk
+        looks; a log this reader cannot follow (a missing commit, unknown reader
+        features) raises inside, so nothing is removed either.
         """
         try:
             return self._sweep_orphans()
@@ -205,8 +207,13 @@ class ArchiveRetention:
     def _sweep_orphans(self) -> int:
         from rmq_spark.archive.reader import delta_referenced_paths, parquet_sink_paths
 
-        logged = (parquet_sink_paths if self.tier.format == "parquet"
-                  else delta_referenced_paths)(self.tier.path)
+        parquet = self.tier.format == "parquet"
+        other_log = "_delta_log" if parquet else "_spark_metadata"
+        if os.path.exists(os.path.join(self.tier.path, other_log)):
+            log.warning("archive %s has a %s too (its format was switched?): not sweeping "
+                        "topic %s", self.tier.path, other_log, self.topic)
+            return 0
+        logged = (parquet_sink_paths if parquet else delta_referenced_paths)(self.tier.path)
         if logged is None:
             return 0
         marker = f"topic={self.topic}"
@@ -215,6 +222,8 @@ class ArchiveRetention:
             _, found, rel = os.path.abspath(p).rpartition(os.sep + marker + os.sep)
             if found:
                 committed.add(rel.replace(os.sep, "/"))
+        if not committed:             # nothing of the topic committed yet: nothing to judge by
+            return 0
         top = os.path.join(self.tier.path, marker)
         files = {}                            # path below topic=T/ -> (folder, name)
         for folder, _, names in os.walk(top):
@@ -222,7 +231,7 @@ class ArchiveRetention:
                 if name.endswith(".parquet") and not name.startswith((".", "_")):
                     rel = os.path.relpath(os.path.join(folder, name), top)
                     files[rel.replace(os.sep, "/")] = (folder, name)
-        if committed and not committed & files.keys():
+        if not committed & files.keys():
             log.warning("archive %s: none of the %d files its log lists for topic %s is "
                         "under %s; not sweeping", self.tier.path, len(committed), self.topic,
                         top)

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rmq_spark.archive import layout
+from rmq_spark.archive.reader import ArchiveError, delta_referenced_paths
 from rmq_spark.client import Message
 from rmq_spark.tiering import TierConfigError, tier_topic
 from rmq_spark.tiering._retention import ArchiveRetention
@@ -198,6 +199,24 @@ def test_files_no_batch_committed_go_once_old(spark, client, endpoints, topic, t
                                      vacuum_retain_hours=0)
         assert retention.sweep_orphans() == 0
         assert all(os.path.exists(f) for f in files)
+
+    # Nothing is removed where the log cannot be trusted to name every committed file.
+    retention = ArchiveRetention(client, topic, layout.Tier(fmt, str(path)),
+                                 vacuum_retain_hours=0)
+    older, _ = plant(day, "part-00004-killed-2d.c000.snappy.parquet", time.time() - 2 * 86400)
+    other_log = path / ("_spark_metadata" if fmt == "delta" else "_delta_log")
+    other_log.mkdir()                          # the archive's format was switched
+    assert retention.sweep_orphans() == 0 and os.path.exists(older)
+    other_log.rmdir()
+    if fmt == "delta":                         # a commit missing (e.g. cleaned up after a
+        log_dir = path / "_delta_log"          # checkpoint kind the reader does not read)
+        first = log_dir / f"{0:020d}.json"
+        first.rename(tmp_path / "commit-0.json")
+        assert retention.sweep_orphans() == 0 and os.path.exists(older)
+        with pytest.raises(ArchiveError, match="commit 0 is missing"):
+            delta_referenced_paths(str(path))
+        (tmp_path / "commit-0.json").rename(first)
+    assert retention.sweep_orphans() == 1 and not os.path.exists(older)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
