@@ -47,6 +47,7 @@ VACUUM_INTERVAL_S = 3600.0
 # retain: a job whose lease lapsed may still be writing the batch it belongs to.
 ORPHAN_MIN_AGE_H = 24.0
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+_CANNOT_VACUUM_LITE = "DELTA_CANNOT_VACUUM_LITE"
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,11 @@ class ArchiveRetention:
             try:     # LITE: the files to delete come from the log, no listing of the table
                 spark.sql(f"VACUUM {table} LITE {retain}")
             except Exception as e:   # the log no longer covers the last vacuum: list it all
-                log.info("VACUUM LITE of %s not possible (%s); running a full VACUUM",
-                         self.tier.path, str(e).splitlines()[0])
+                if _CANNOT_VACUUM_LITE not in str(e):
+                    raise
+                log.info("VACUUM LITE of %s not possible (%s: the log no longer reaches back "
+                         "to the last VACUUM); running a full VACUUM", self.tier.path,
+                         _CANNOT_VACUUM_LITE)
                 # Delta lists the table in 10,000 tasks by default: ~2 minutes for a
                 # small table on 2 cores; as many as the app has cores: ~10 s.
                 cores = str(max(1, spark.sparkContext.defaultParallelism))
