@@ -48,7 +48,7 @@ _QUERY_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 # Write each task's rows as they come to one file per partition value, instead of
 # letting the writer sort them by (topic, date) first: a task reads one queue's offset
 # range in order, and store time (so date) never decreases in a queue, so each file is
-# in (queue, offset) order as it is. A sort would copy every row once more (~15% of a
+# in (queue, offset) order as it is. A sort would copy every row once more (~8% of a
 # Delta batch here). Past 16 open files in a task Spark falls back to sorting.
 _WRITER_CONF = {"spark.sql.maxConcurrentOutputFileWriters": "16"}
 _SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
