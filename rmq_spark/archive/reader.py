@@ -138,7 +138,7 @@ def _replay_delta_log(root: str, apply) -> bool:
     later = [v for v in commits if v >= first]
     if later != list(range(first, first + len(later))):
         # e.g. log cleanup after a checkpoint kind not read here (v2, sidecars)
-        missing = next(v for v in range(first, later[-1]) if v not in set(later))
+        missing = min(set(range(first, later[-1])) - set(later))
         after = "the table's start" if checkpoint is None else f"checkpoint {checkpoint}"
         raise ArchiveError(f"{log_dir}: commit {missing} is missing (the log holds commits "
                            f"{later[0]}-{later[-1]} after {after}); the rocketmq reader reads "

@@ -142,6 +142,7 @@ class _Run:
         self._synced: int | None = None        # last batch whose end is the watermark
         self._end: dict[int, int] = {}
         self._app_id: str | None = None
+        self._table_found = False              # the Delta archive has a log (it stays so)
         self.lease = TierLease(settings.endpoints, settings.topic,
                                os.path.normpath(settings.checkpoint))
         self._lease_lost: LeaseLost | None = None
@@ -244,7 +245,7 @@ class _Run:
         if self._app_id is None:
             self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
         path = self.s.tier.path
-        new = not _has_delta_log(path)
+        new = not (self._table_found or _has_delta_log(path))
         # A new archive is created by its first append (the "delta." options are its
         # table properties; an existing table ignores them). Creating it before the
         # query instead costs a CREATE TABLE, and makes the first append's txn lookup
@@ -264,6 +265,7 @@ class _Run:
                      path, type(e).__name__)
             self.lease.check()
             write.save(path)
+        self._table_found = True
         self.retention.maybe_run(df.sparkSession)
 
     # ---------------------------------------------------------- monitor

@@ -157,13 +157,10 @@ class ArchiveRetention:
     def _vacuum(self, spark) -> None:
         self._last_vacuum = time.monotonic()
         short = self.vacuum_retain_hours < DEFAULT_VACUUM_RETAIN_HOURS
-        key = "spark.databricks.delta.retentionDurationCheck.enabled"
-        old = spark.conf.get(key, "true")
-        if short:
-            spark.conf.set(key, "false")
+        check_off = {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}
         table = f"delta.`{self.tier.path}`"
         retain = f"RETAIN {self.vacuum_retain_hours} HOURS"
-        try:
+        with session_conf(spark, check_off if short else {}):
             try:     # LITE: the files to delete come from the log, no listing of the table
                 spark.sql(f"VACUUM {table} LITE {retain}")
             except Exception as e:   # the log no longer covers the last vacuum: list it all
@@ -177,9 +174,6 @@ class ArchiveRetention:
                 cores = str(max(1, spark.sparkContext.defaultParallelism))
                 with session_conf(spark, {_LISTING_PARALLELISM: cores}):
                     spark.sql(f"VACUUM {table} FULL {retain}")
-        finally:
-            if short:
-                spark.conf.set(key, old)
 
     # --------------------------------------------------------------- orphans
     def sweep_orphans(self) -> int:
