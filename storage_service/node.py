@@ -20,7 +20,7 @@ from .errors import NotLeader, ServiceError, not_found
 from .groupcommit import CommitFailed, GroupCommitter
 from .compaction import CompactionPolicy, cleanable_end, compact_queue
 from .meta import MetaState
-from .raft import RaftGroup, RaftTiming
+from .raft import RaftGroup, RaftLoop, RaftTiming
 from .retention import SegmentInfo, retention_cutoff
 from .routing import GRPC_OPTIONS, META_GROUP, group_of, raft_address
 from .state import DataState, parse_queue_dir, queue_dir
@@ -63,6 +63,7 @@ class StorageNode:
         self.committers: dict[int, GroupCommitter] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}")
         self.groups[META_GROUP] = self._raft(META_GROUP, self.meta)
         for g in range(1, config.groups + 1):
             st = DataState(os.path.join(config.data_dir, f"group-{g}", "queues"),
@@ -71,6 +72,7 @@ class StorageNode:
             self.states[g] = st
             self.groups[g] = self._raft(g, st)
             self.committers[g] = GroupCommitter(self.groups[g], max_entry_bytes=config.max_batch_bytes * 2)
+        self.raft_loop.start()
         # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
         self._compacted: dict = {}
         self._running = True
@@ -80,7 +82,8 @@ class StorageNode:
     def _raft(self, g: int, state) -> RaftGroup:
         c = self.config
         return RaftGroup(g, raft_address(c.address, g), [raft_address(a, g) for a in c.addresses],
-                         os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing)
+                         os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
+                         loop=self.raft_loop)
 
     # ------------------------------------------------------------ leadership
     def leader_of(self, group: int) -> str | None:
@@ -318,6 +321,7 @@ class StorageNode:
         self._running = False
         for c in self.committers.values():
             c.stop()
+        self.raft_loop.stop()
         for raft in self.groups.values():
             raft.stop()
         with self._channels_lock:

@@ -20,7 +20,8 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 * Wire: ``_wire.FastTcpConnection`` replaces pysyncobj's quadratic buffers
   and zlib/protocol-2 pickle framing.
 * Ticks: ``autoTick`` is off so the journal can be swapped before the first
-  tick; our thread ticks. Appends go out as soon as a command is queued
+  tick; our thread ticks: a node's ``RaftLoop`` (one thread and one poller
+  for all its groups), or a thread of the group's own when built alone. Appends go out as soon as a command is queued
   (``appendEntriesUseBatch=False``: pysyncobj wakes its poller through a
   pipe), so short commit latency does not need a busy tick.
 """
@@ -35,14 +36,16 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import pysyncobj.pickle
+import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.poller import PollPoller
 from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
 from . import _wire
 from .journal import DurableJournal
 
-__all__ = ["RaftGroup", "RaftTiming", "StateMachine"]
+__all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine"]
 
 log = logging.getLogger(__name__)
 _LEN = struct.Struct("<QQQ")
@@ -72,9 +75,67 @@ class RaftTiming:
     compaction_seconds: float = 60.0
 
 
+class _LoopPoller:
+    """What one group of a RaftLoop sees as its poller: subscriptions go to the
+    loop's poller; ``poll`` does nothing (the loop polls once for all groups)."""
+
+    def __init__(self, poller: PollPoller):
+        self._poller = poller
+
+    def subscribe(self, descr, callback, eventMask):
+        self._poller.subscribe(descr, callback, eventMask)
+
+    def unsubscribe(self, descr):
+        self._poller.unsubscribe(descr)
+
+    def poll(self, timeout):
+        pass
+
+
+class RaftLoop:
+    """One thread that ticks every raft group of a node.
+
+    With a thread per group, each of a node's G+1 groups wakes on its own, and
+    every wake-up is a GIL hand-over and a context switch; on two cores under
+    produce load that cost more than the raft work itself. Here the groups
+    share one poller: the thread polls once for all their sockets and pipes,
+    then runs each group's tick without waiting.
+    """
+    _construct = threading.Lock()   # createPoller is swapped while a group is built
+
+    def __init__(self, tick: float = 0.1, name: str = "raft"):
+        self.tick = tick
+        self.poller = PollPoller()
+        self.groups: list["RaftGroup"] = []
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def add(self, group: "RaftGroup") -> None:
+        self.groups.append(group)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self._running:
+            for g in self.groups:
+                g.tick(0.0)
+            try:
+                self.poller.poll(self.tick)
+            except Exception:
+                log.exception("raft loop: poll failed")
+                time.sleep(self.tick)
+
+    def stop(self) -> None:
+        self._running = False
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
 class RaftGroup(SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
-                 state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming()):
+                 state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
+                 loop: RaftLoop | None = None):
         self.group_id = group_id
         self.state = state
         self.timing = timing
@@ -97,12 +158,27 @@ class RaftGroup(SyncObj):
             # heartbeat: group commit already makes the entries big.
             appendEntriesUseBatch=False)
         self._committer = None
-        super().__init__(self_addr, [p for p in peers if p != self_addr], conf)
+        self._loop = loop
+        others = [p for p in peers if p != self_addr]
+        if loop is None:
+            super().__init__(self_addr, others, conf)
+        else:
+            with RaftLoop._construct:
+                make = pysyncobj.syncobj.createPoller
+                pysyncobj.syncobj.createPoller = lambda _type: _LoopPoller(loop.poller)
+                try:
+                    super().__init__(self_addr, others, conf)
+                finally:
+                    pysyncobj.syncobj.createPoller = make
         self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._running = True
-        self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
-        self._thread.start()
+        if loop is None:
+            self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
+            self._thread.start()
+        else:
+            self._thread = None
+            loop.add(self)
 
     # ------------------------------------------------------------- journal
     def _install_journal(self, journal: DurableJournal) -> None:
@@ -320,13 +396,21 @@ class RaftGroup(SyncObj):
     # ------------------------------------------------------------ tick loop
     def _tick_loop(self) -> None:
         while self._running:
-            try:
-                self.doTick(self.timing.tick)
-                if self.journal.size_bytes > self.timing.compaction_bytes:
-                    self.forceLogCompaction()
-            except Exception:
-                log.exception("group %d: tick failed", self.group_id)
+            if not self.tick(self.timing.tick):
                 time.sleep(self.timing.tick)
+
+    def tick(self, wait: float) -> bool:
+        """One raft tick (waiting up to ``wait`` for socket events); False if it failed."""
+        if not self._running:
+            return True
+        try:
+            self.doTick(wait)
+            if self.journal.size_bytes > self.timing.compaction_bytes:
+                self.forceLogCompaction()
+            return True
+        except Exception:
+            log.exception("group %d: tick failed", self.group_id)
+            return False
 
     # --------------------------------------------------------------- status
     @property
@@ -340,7 +424,10 @@ class RaftGroup(SyncObj):
 
     def stop(self) -> None:
         self._running = False
-        self._thread.join(timeout=5)
+        if self._loop is not None:
+            self._loop.stop()      # the node stops all its groups together
+        else:
+            self._thread.join(timeout=5)
         try:
             self._doDestroy()
         finally:
