@@ -76,8 +76,15 @@ class Columns:
 
     def message_sizes(self) -> np.ndarray:
         """Bytes of each message's key + value + tags + properties."""
-        props = np.diff(self.pk_off[self.prop_off]) + np.diff(self.pv_off[self.prop_off])
-        return np.diff(self.key_off) + np.diff(self.value_off) + np.diff(self.tags_off) + props
+        sizes = np.diff(self.value_off)
+        # Empty columns (the common producer batch has only values) add nothing.
+        if self.key_off[-1]:
+            sizes += np.diff(self.key_off)
+        if self.tags_off[-1]:
+            sizes += np.diff(self.tags_off)
+        if self.prop_off[-1]:
+            sizes += np.diff(self.pk_off[self.prop_off]) + np.diff(self.pv_off[self.prop_off])
+        return sizes
 
 
 def _offsets(lengths) -> bytes:
@@ -173,10 +180,15 @@ class _Reader:
         return a
 
     def offsets(self, count: int, what: str, check: bool = True) -> np.ndarray:
+        start = self.pos
         off = self.array(_I32, count + 1)
         if not check:
             return off
-        if off[0] != 0 or (count and np.any(off[1:] < off[:-1])):
+        if not off[-1]:
+            # An empty column: non-decreasing from 0 to 0 means all zeros, one compare.
+            if self.mv[start:self.pos] != _zeros(4 * (count + 1)):
+                raise ValueError(f"records block: {what} offsets are not non-decreasing from 0")
+        elif off[0] != 0 or (count and np.any(off[1:] < off[:-1])):
             raise ValueError(f"records block: {what} offsets are not non-decreasing from 0")
         return off
 
@@ -202,7 +214,32 @@ def _check_utf8(what: str, off: np.ndarray, data: memoryview) -> None:
         raise ValueError(f"records block: a {what} starts inside a UTF-8 character")
 
 
+def _zeros(n: int) -> bytes:
+    z = _ZEROS.get(n)
+    if z is None:
+        z = _ZEROS[n] = bytes(n)
+        if len(_ZEROS) > 64:
+            _ZEROS.pop(next(iter(_ZEROS)))
+    return z
+
+
+_ZEROS: dict[int, bytes] = {}
+_SEQUENTIAL: dict[int, bytes] = {}
+
+
+def _sequential(n: int) -> bytes:
+    """The offset_delta column 0..n-1 of a produced block, as bytes."""
+    b = _SEQUENTIAL.get(n)
+    if b is None:
+        b = _SEQUENTIAL[n] = np.arange(n, dtype=_U32).tobytes()
+        if len(_SEQUENTIAL) > 64:
+            _SEQUENTIAL.pop(next(iter(_SEQUENTIAL)))
+    return b
+
+
 def _check_flags(flags: np.ndarray, value_off: np.ndarray) -> None:
+    if flags.tobytes() == _zeros(len(flags)):
+        return                           # no keys, no null values: nothing to check
     unknown = (flags & ~np.uint8(_KNOWN_FLAGS)) != 0
     if unknown.any():
         i = int(unknown.argmax())
@@ -244,7 +281,7 @@ def parse(block, n: int, check: bool = True) -> Columns:
         raise ValueError(f"records block has {len(r.mv) - r.pos} trailing bytes")
     _check_flags(flags, value_off)       # cheap, and what a flag means is not left to chance
     if check:
-        if n > 1 and np.any(delta[1:] <= delta[:-1]):
+        if n > 1 and delta.tobytes() != _sequential(n) and np.any(delta[1:] <= delta[:-1]):
             raise ValueError("records block: offset deltas are not strictly increasing")
         for what, off, data in (("tags", tags_off, tags_data), ("property key", pk_off, pk_data),
                                 ("property value", pv_off, pv_data)):

@@ -263,8 +263,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                f"request carries {cols.size} bytes; the batch limit is "
                                f"{self.node.config.max_batch_bytes} bytes")
-        keyless = ~cols.has_key()
-        if cfg["cleanup_policy"] == "compact" and keyless.any():
+        if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
             i = int(keyless.argmax())
             raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
                           f"a key (message {i} of the batch has none)")

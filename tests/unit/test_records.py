@@ -241,6 +241,19 @@ def test_decreasing_data_offsets_are_an_error(section):
         parse(_block(**{section: off}), 2)
 
 
+@pytest.mark.parametrize("section", ["key_off", "value_off", "tags_off", "pk_off", "pv_off"])
+@pytest.mark.parametrize("inner", [1, -1, 7])
+def test_an_empty_column_whose_offsets_leave_zero_is_an_error(section, inner):
+    # A column with no data (the common case: no keys, tags or properties) is
+    # checked by one compare with zeros; a non-zero offset inside still fails.
+    data = section.replace("_off", "_data")
+    n_off = 3 if section not in ("pk_off", "pv_off") else SAMPLE["prop_off"][-1] + 1
+    off = [0] * n_off
+    off[1] = inner
+    with pytest.raises(ValueError, match=f"records block: {OFFSET_SECTIONS[section]} offsets are not"):
+        parse(_block(**{section: off, data: b""}), 2)
+
+
 @pytest.mark.parametrize("section", list(OFFSET_SECTIONS))
 @pytest.mark.parametrize("first", [1, -1])
 def test_data_offsets_not_starting_at_zero_are_an_error(section, first):
