@@ -25,6 +25,7 @@ from storage_service.fetchwire import FetchReply, decode_fetch_response
 from storage_service.localread import host_id, read_span
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.errors import LEADER_METADATA_KEY
+from storage_service._malloc import reuse_big_buffers
 from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
 
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
@@ -124,6 +125,9 @@ class Client:
         self._local = threading.local()
         self._rr = random.randrange(len(self.endpoints))
         self._unreadable_spans = 0      # short-circuit reads whose file could not be read
+        # Produce requests are hundreds of KiB: above glibc's mmap threshold each
+        # serialization would fault in fresh pages (0.70 -> 0.09 ms for 800 KiB).
+        reuse_big_buffers()
 
     # ------------------------------------------------------------ plumbing
     def _stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
