@@ -118,6 +118,7 @@ class QueueLog:
         self._tfd: int | None = None
         self._idx_since = 0   # bytes appended since the last offset-index entry
         self._dirty = False
+        self._appends = 0     # appends so far (sync_behind: was anything written meanwhile?)
         os.makedirs(path, exist_ok=True)
         self._open()
 
@@ -312,6 +313,7 @@ class QueueLog:
             seg.last_ts = h.store_ts
             seg.last_position = h.apply_position
             self._dirty = True
+            self._appends += 1
 
     def append_frames(self, frames: bytes) -> int:
         """Append already-framed batches (peer catch-up). Returns batches written.
@@ -381,6 +383,26 @@ class QueueLog:
             if self.fsync_enabled:
                 os.fdatasync(self._wfd)
             self._dirty = False
+
+    def sync_behind(self) -> None:
+        """``sync`` from a thread other than the writer's, without holding up appends.
+
+        The fdatasync runs on a duplicate of the active segment's descriptor,
+        outside the lock; the queue counts as clean afterwards only if nothing
+        was appended meanwhile. It keeps the dirty data small, so the sync a
+        raft snapshot must make (on the raft thread) has little left to do.
+        """
+        with self.lock:
+            if not (self._dirty and self._wfd is not None and self.fsync_enabled):
+                return
+            fd, appends = os.dup(self._wfd), self._appends
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        with self.lock:
+            if self._appends == appends:
+                self._dirty = False
 
     def truncate_prefix(self, offset: int) -> int:
         """Move earliest up to ``offset`` and delete whole segments below it.

@@ -152,6 +152,14 @@ class DataState:
         for q in list(self.queues.values()):
             q.sync()
 
+    def sync_behind(self) -> None:
+        """Sync every queue from a background thread (``QueueLog.sync_behind``)."""
+        for q in list(self.queues.values()):
+            try:
+                q.sync_behind()
+            except OSError as e:          # a queue dropped (closed) under us; the next pass retries
+                log.debug("queue %s: background sync skipped: %s", q.path, e)
+
     def close(self) -> None:
         for q in list(self.queues.values()):
             q.close()

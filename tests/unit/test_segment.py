@@ -419,3 +419,49 @@ def test_locate_answers_an_absolute_path(tmp_path, monkeypatch):
     q = QueueLog("rel~inc~0", fsync=False)
     _fill(q, 2)
     assert os.path.isabs(q.locate(0, 1 << 20).path)
+
+
+# ------------------------------------------------------- background sync
+def _count_fdatasync(monkeypatch, during=None) -> list[int]:
+    calls = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        calls.append(fd)
+        if during is not None:
+            during()
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return calls
+
+
+def test_sync_behind_syncs_the_active_segment_once_and_leaves_it_clean(qpath, monkeypatch):
+    q = QueueLog(qpath, fsync=True)
+    _fill(q, 3)
+    calls = _count_fdatasync(monkeypatch)
+    q.sync_behind()
+    assert len(calls) == 1 and calls[0] != q._wfd      # a duplicate of the writer's descriptor
+    q.sync_behind()
+    q.sync()                                          # nothing left for the raft thread's sync
+    assert len(calls) == 1
+    assert _read_all(q) == list(range(3 * PER_BATCH))
+
+
+def test_an_append_during_sync_behind_keeps_the_queue_dirty(qpath, monkeypatch):
+    q = QueueLog(qpath, fsync=True)
+    _fill(q, 1)
+    calls = _count_fdatasync(monkeypatch, during=lambda: _append(q) if len(calls) == 1 else None)
+    q.sync_behind()                                   # an append lands while it syncs
+    q.sync()                                          # so the next sync still writes it out
+    assert len(calls) == 2
+    assert _read_all(q) == list(range(2 * PER_BATCH))
+
+
+def test_sync_behind_without_fsync_or_data_does_nothing(qpath, monkeypatch):
+    calls = _count_fdatasync(monkeypatch)
+    QueueLog(qpath, fsync=True).sync_behind()         # nothing appended
+    q = QueueLog(qpath + "-nosync", fsync=False)
+    _fill(q, 2)
+    q.sync_behind()
+    assert calls == []
