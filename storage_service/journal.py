@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import struct
+import threading
 
 import crc32c
 from pysyncobj.journal import Journal
@@ -97,9 +98,14 @@ class DurableJournal(Journal):
         self._cache_bytes = 0
         self._bytes = 0
         self._dirty = False
+        # Files are replaced, truncated and closed under this lock, and a sync
+        # from another thread (``sync_behind``) holds it while it runs.
+        self._io = threading.RLock()
+        self.truncations = 0       # tail (or all) entries dropped: replies about them are void
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
         self._load()
+        self.durable_idx = self._entries[-1].idx if self._entries else 0
         self._f = open(path + ".log", "ab")
         self._rfd = os.open(path + ".log", os.O_RDONLY)
 
@@ -152,11 +158,34 @@ class DurableJournal(Journal):
 
     def sync(self) -> None:
         """Make every entry appended so far durable (per the fsync policy)."""
+        with self._io:
+            self._sync_locked()
+
+    def sync_behind(self) -> None:
+        """``sync`` for a thread other than the one appending (the node's syncer).
+
+        Entries appended while it runs are not claimed: ``durable_idx`` moves
+        to the last entry present when the sync began.
+        """
+        with self._io:
+            if not self._f.closed:
+                self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        last = self._entries[-1].idx if self._entries else 0
         if self._dirty:
-            self._f.flush()
+            self._dirty = False          # an append from now on sets it again
             if self.fsync:
-                os.fdatasync(self._f.fileno())
-            self._dirty = False
+                try:
+                    os.fdatasync(self._f.fileno())
+                except BaseException:
+                    self._dirty = True
+                    raise
+        self.durable_idx = max(self.durable_idx, last) if self._entries else 0
+
+    @property
+    def last_idx(self) -> int:
+        return self._entries[-1].idx if self._entries else 0
 
     @property
     def size_bytes(self) -> int:
@@ -205,26 +234,34 @@ class DurableJournal(Journal):
         self._dirty = True
 
     def clear(self):
-        self._rewrite([])
+        with self._io:
+            self.truncations += 1
+            self._rewrite([])
 
     def deleteEntriesFrom(self, entryFrom):
         if entryFrom >= len(self._entries):
             return
-        self._f.flush()
-        keep = self._ends[entryFrom - 1] if entryFrom > 0 else 0
-        self._forget_from(self._entries[entryFrom].idx)
-        del self._entries[entryFrom:]
-        del self._ends[entryFrom:]
-        self._f.truncate(keep)
-        self._f.seek(keep)
-        self._bytes = keep
-        self._dirty = True
-        self.sync()
+        with self._io:
+            self.truncations += 1
+            keep = self._ends[entryFrom - 1] if entryFrom > 0 else 0
+            self._forget_from(self._entries[entryFrom].idx)
+            del self._entries[entryFrom:]
+            del self._ends[entryFrom:]
+            self._f.truncate(keep)
+            self._f.seek(keep)
+            self._bytes = keep
+            self._dirty = True
+            self.durable_idx = min(self.durable_idx, self.last_idx)
+            self._sync_locked()
 
     def deleteEntriesTo(self, entryTo):
         self._rewrite(self._entries[entryTo:])
 
     def _rewrite(self, entries) -> None:
+        with self._io:
+            self._rewrite_locked(entries)
+
+    def _rewrite_locked(self, entries) -> None:
         tmp = self.path + ".log.tmp"
         ends, pos, kept = [], 0, []
         with open(tmp, "wb") as f:
@@ -248,6 +285,7 @@ class DurableJournal(Journal):
             self._cache_bytes -= len(self._cache.pop(k))
         self._entries, self._ends, self._bytes = kept, ends, pos
         self._dirty = False
+        self.durable_idx = self.last_idx   # the new file was written and synced as a whole
 
     def __getitem__(self, item):
         return self._entries[item]
@@ -256,11 +294,12 @@ class DurableJournal(Journal):
         return len(self._entries)
 
     def _destroy(self):
-        if not self._f.closed:
-            self.sync()
-            self._f.close()
-            os.close(self._rfd)
-            self._store_meta()
+        with self._io:
+            if not self._f.closed:
+                self._sync_locked()
+                self._f.close()
+                os.close(self._rfd)
+                self._store_meta()
 
     def setRaftCommitIndex(self, raftCommitIndex):
         self._meta["commitIndex"] = raftCommitIndex

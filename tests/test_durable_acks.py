@@ -1,0 +1,142 @@
+"""Journal syncs off the raft thread: nothing counts towards a commit before it is on disk.
+
+A node's RaftLoop syncs journals on a thread of its own. A follower's success
+reply waits until the entries it covers are synced; a leader does not count
+its own copy of an entry that is not synced yet (``capped_match_index``).
+These tests drive a real follower's message handler and record, in order,
+every fdatasync and every reply it sends.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+from pysyncobj.node import TCPNode
+
+from storage_service.local import free_port_block
+from storage_service.meta import MetaState
+from storage_service.raft import RaftGroup, RaftLoop, capped_match_index
+
+pytestmark = pytest.mark.unit
+
+NOOP = b"\x01"
+
+
+def _append(prev_idx, prev_term, entries, commit=1, term=1):
+    return {"type": "append_entries", "term": term, "commit_index": commit,
+            "prevLogIdx": prev_idx, "prevLogTerm": prev_term, "entries": entries}
+
+
+def _entries(first, last, term=1):
+    return [(NOOP, i, term) for i in range(first, last + 1)]
+
+
+@pytest.fixture
+def follower(tmp_path, monkeypatch):
+    """A group on a RaftLoop whose loop thread does not run (the test is the
+    loop; it starts the syncer when it wants one), with every fdatasync and
+    reply recorded."""
+    base = free_port_block(3)
+    me, *others = [f"127.0.0.1:{base + i}" for i in range(3)]
+    loop = RaftLoop(tick=0.05, name="test-raft")
+    g = RaftGroup(1, me, [me, *others], str(tmp_path), MetaState(), loop=loop)
+    events = []
+    real_sync = os.fdatasync
+
+    def fdatasync(fd):
+        real_sync(fd)
+        events.append(("synced", g.journal.last_idx))
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    g._SyncObj__transport.send = lambda node, msg: events.append(("reply", msg)) or True
+    try:
+        yield g, loop, TCPNode(others[0]), events
+    finally:
+        loop.stop()
+        g.stop()
+
+
+def _wait_durable(g, idx, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while g.journal.durable_idx < idx:
+        assert time.monotonic() < deadline, f"journal never durable up to {idx}"
+        time.sleep(0.005)
+
+
+def _success_replies(events):
+    return [m["next_node_idx"] for kind, m in events if kind == "reply" and m.get("success")]
+
+
+def test_a_reply_waits_for_the_sync_of_what_it_covers(follower):
+    g, loop, leader, events = follower
+    loop._syncer.start()
+    g._SyncObj__onMessageReceived(leader, _append(1, 0, _entries(2, 4)))
+    assert _success_replies(events) == []          # nothing said before the disk has it
+    _wait_durable(g, 4)
+    loop._send_ready_acks()
+    assert _success_replies(events) == [5]
+    first_reply = next(i for i, (kind, m) in enumerate(events) if kind == "reply")
+    assert any(kind == "synced" and idx >= 4 for kind, idx in events[:first_reply])
+
+
+def test_entries_appended_during_a_sync_are_not_claimed(follower, monkeypatch):
+    g, loop, leader, events = follower
+    handle = g._SyncObj__onMessageReceived
+    handle(leader, _append(1, 0, _entries(2, 3)))
+    # entry 4 arrives while the syncer is inside fdatasync for 2..3
+    real_sync = os.fdatasync
+    arrived = []
+
+    def slow_sync(fd):
+        if not arrived:
+            arrived.append(True)
+            handle(leader, _append(3, 1, _entries(4, 4)))
+        real_sync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+    g.journal.sync_behind()
+    assert arrived and g.journal.durable_idx == 3   # not 4: it was written after the sync began
+    loop._send_ready_acks()
+    assert _success_replies(events) == [4]          # the reply for 2..3 only
+    g.journal.sync_behind()
+    loop._send_ready_acks()
+    assert _success_replies(events) == [4, 5]
+
+
+def test_a_reply_for_entries_a_conflict_removed_is_never_sent(follower):
+    g, loop, leader, events = follower
+    loop._syncer.start()
+    handle = g._SyncObj__onMessageReceived
+    handle(leader, _append(1, 0, _entries(2, 4)))            # reply for 4 waits for the sync
+    handle(leader, _append(2, 1, [(NOOP, 3, 2)], term=2))    # a new leader: 3..4 conflict
+    assert [(e[1], e[2]) for e in g.journal[:]] == [(1, 0), (2, 1), (3, 2)]
+    _wait_durable(g, 3)
+    loop._send_ready_acks()
+    # "I hold up to 4" would name an entry 4 this node no longer has
+    assert _success_replies(events) == [4]
+
+
+def _commits(followers, durable, idx, capped):
+    """Would pysyncobj's rule commit idx (leader counted as 1 + followers at idx)?"""
+    n = len(followers) + 1
+    counted = capped_match_index(dict(enumerate(followers)), durable) if capped else dict(enumerate(followers))
+    return 1 + sum(m >= idx for m in counted.values()) > n / 2
+
+
+@pytest.mark.parametrize("n_followers", [1, 2, 4])
+def test_the_leader_commits_only_what_a_majority_has_on_disk(n_followers):
+    # Every combination of follower positions, leader durability and index:
+    # with the cap, a commit happens exactly when a majority of durable copies exists.
+    for followers in itertools.product(range(5), repeat=n_followers):
+        for durable, idx in itertools.product(range(5), range(1, 5)):
+            durable_copies = sum(m >= idx for m in followers) + (durable >= idx)
+            majority = durable_copies > (n_followers + 1) / 2
+            assert _commits(followers, durable, idx, capped=True) == majority, (followers, durable, idx)
+
+
+def test_without_the_cap_an_unsynced_leader_copy_would_count():
+    # 3 nodes: one follower has entry 4 on disk, the leader only in its page cache.
+    assert _commits([4, 0], durable=3, idx=4, capped=False)
+    assert not _commits([4, 0], durable=3, idx=4, capped=True)
