@@ -1,11 +1,15 @@
 """Service-side errors: each carries the gRPC status code it maps to."""
 from __future__ import annotations
 
+import logging
+import os
+
 import grpc
 
-__all__ = ["ServiceError", "NotLeader", "LEADER_METADATA_KEY"]
+__all__ = ["ServiceError", "NotLeader", "LEADER_METADATA_KEY", "fatal"]
 
 LEADER_METADATA_KEY = "rmq-leader"
+log = logging.getLogger(__name__)
 
 
 class ServiceError(Exception):
@@ -37,3 +41,15 @@ def invalid(message: str) -> ServiceError:
 
 def not_found(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.NOT_FOUND, message)
+
+
+def fatal(why: str) -> None:
+    """Stop the node process at once: a failed fdatasync cannot be retried.
+
+    Linux reports a lost write-back to one fsync only; a retry would succeed
+    over pages that never reached the disk. Restarting recovers from the
+    files and from the peers, as after a crash.
+    """
+    log.critical("%s: stopping this node", why)
+    logging.shutdown()
+    os._exit(70)

@@ -34,6 +34,8 @@ import threading
 import crc32c
 from pysyncobj.journal import Journal
 
+from .segment import fsync_dir
+
 __all__ = ["DurableJournal", "FSYNC_POLICIES"]
 
 log = logging.getLogger(__name__)
@@ -104,10 +106,16 @@ class DurableJournal(Journal):
         self.truncations = 0       # tail (or all) entries dropped: replies about them are void
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
+        self.failed: OSError | None = None
         self._load()
-        self.durable_idx = self._entries[-1].idx if self._entries else 0
         self._f = open(path + ".log", "ab")
         self._rfd = os.open(path + ".log", os.O_RDONLY)
+        # After a kill -9 the unsynced tail is still in the page cache and reads
+        # back like the rest: sync it before any of it counts as durable.
+        if self.fsync:
+            os.fsync(self._f.fileno())
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
+        self.durable_idx = self._entries[-1].idx if self._entries else 0
 
     # -------------------------------------------------------------- persistence
     def _load_meta(self) -> dict:
@@ -120,7 +128,7 @@ class DurableJournal(Journal):
             log.warning("journal %s: unreadable meta file, starting with defaults", self.path)
             return {}
 
-    def _store_meta(self) -> None:
+    def _store_meta(self, durable: bool = False) -> None:
         tmp = self.path + ".meta.tmp"
         with open(tmp, "w") as f:
             json.dump(self._meta, f)
@@ -128,6 +136,8 @@ class DurableJournal(Journal):
             if self.fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, self.path + ".meta")
+        if durable and self.fsync:       # the rename itself survives a power loss
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def _load(self) -> None:
         try:
@@ -173,12 +183,15 @@ class DurableJournal(Journal):
 
     def _sync_locked(self) -> None:
         last = self._entries[-1].idx if self._entries else 0
-        if self._dirty:
+        if self._dirty or last > self.durable_idx:
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
                 try:
                     os.fdatasync(self._f.fileno())
-                except BaseException:
+                except OSError as e:
+                    # Linux reports a lost write-back once; a retry would "succeed"
+                    # over lost pages. Nothing past durable_idx may ever count.
+                    self.failed = e
                     self._dirty = True
                     raise
         self.durable_idx = max(self.durable_idx, last) if self._entries else 0
@@ -227,11 +240,13 @@ class DurableJournal(Journal):
         n = _REC.size + len(head) + len(command)
         if os.writev(self._f.fileno(), (_REC.pack(len(head) + len(command), crc), head, command)) != n:
             raise OSError(f"journal {self.path}: short write")
+        # Dirty before the entry is visible: a sync on another thread that sees
+        # the entry must also see that there is something to sync.
+        self._dirty = True
         self._bytes += n
         self._entries.append(_Entry(self, idx, term))
         self._ends.append(self._bytes)
         self._remember(idx, command)
-        self._dirty = True
 
     def clear(self):
         with self._io:
@@ -278,6 +293,8 @@ class DurableJournal(Journal):
         self._f.close()
         os.close(self._rfd)
         os.replace(tmp, self.path + ".log")
+        if self.fsync:               # the new file is the journal only once the rename is durable
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         self._f = open(self.path + ".log", "ab")
         self._rfd = os.open(self.path + ".log", os.O_RDONLY)
         live = {e.idx for e in kept}
@@ -311,7 +328,7 @@ class DurableJournal(Journal):
         # Raft: term and vote are durable before any message reflecting them.
         self._meta["currentTerm"] = term
         self._meta["votedFor"] = votedForNodeId
-        self._store_meta()
+        self._store_meta(durable=True)
 
     def getCurrentTerm(self):
         return self._meta.get("currentTerm", 0)

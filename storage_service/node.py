@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from . import codec
-from .errors import NotLeader, ServiceError, not_found
+from .errors import NotLeader, ServiceError, fatal, not_found
 from .groupcommit import CommitFailed, GroupCommitter
 from .compaction import CompactionPolicy, cleanable_end, compact_queue
 from .meta import MetaState
@@ -254,8 +254,8 @@ class StorageNode:
             for st in list(self.states.values()):
                 try:
                     st.sync_behind()
-                except Exception:
-                    log.exception("background segment sync failed")
+                except OSError as e:     # as for the journal: never retried over lost pages
+                    fatal(f"segment sync failed ({e})")
 
     def _background(self) -> None:
         while self._running:

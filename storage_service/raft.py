@@ -45,6 +45,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
 from . import _wire
+from .errors import fatal
 from .journal import DurableJournal
 
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
@@ -104,7 +105,14 @@ class _LoopPoller:
         self._poller = poller
 
     def subscribe(self, descr, callback, eventMask):
-        self._poller.subscribe(descr, callback, eventMask)
+        def guarded(fd, event):
+            # One group's failing handler must not skip the other groups'
+            # events of this poll (they would wait for the next one).
+            try:
+                callback(fd, event)
+            except Exception:
+                log.exception("raft loop: event handler failed")
+        self._poller.subscribe(descr, guarded, eventMask)
 
     def unsubscribe(self, descr):
         self._poller.unsubscribe(descr)
@@ -160,7 +168,7 @@ class RaftLoop:
 
     def defer_ack(self, group: "RaftGroup", node, reset: bool, next_idx: int) -> None:
         """Send a follower's success reply once the entries it covers are durable (loop thread)."""
-        self._acks.append((group, node, reset, next_idx, group.journal.truncations))
+        self._acks.append((group, node, reset, next_idx, group.journal.truncations, group.raftCurrentTerm))
         if group.journal.durable_idx < next_idx - 1:
             self.request_sync(group)
 
@@ -169,11 +177,14 @@ class RaftLoop:
             return
         waiting = []
         for ack in self._acks:
-            g, node, reset, next_idx, truncations = ack
-            if g.journal.truncations != truncations:
-                continue          # the entries it covers were dropped; replies are cumulative
+            g, node, reset, next_idx, truncations, term = ack
+            if g.journal.truncations != truncations or g.raftCurrentTerm != term:
+                # The entries it covers were dropped, or a newer term began
+                # (a leader of that term must not count it): replies are
+                # cumulative, the next one covers what this one would have.
+                continue
             if g.journal.durable_idx >= next_idx - 1:
-                SyncObj._SyncObj__sendNextNodeIdx(g, node, reset, next_idx, True)
+                g.send_success(node, reset, next_idx, term)
             else:
                 waiting.append(ack)
         self._acks = waiting
@@ -188,12 +199,12 @@ class RaftLoop:
                 continue
             try:
                 group.journal.sync_behind()
-            except Exception:
-                log.exception("group %d: journal sync failed; retrying", group.group_id)
-                time.sleep(self.tick)
-                self.request_sync(group)
-                continue
-            group.wake()
+            except OSError as e:
+                fatal(f"group {group.group_id}: journal sync failed ({e})")
+            try:
+                group.wake()
+            except Exception:            # a full wake-up pipe: the loop is awake anyway
+                pass
 
     # --------------------------------------------------------------- loop
     def _run(self) -> None:
@@ -245,16 +256,14 @@ class RaftGroup(SyncObj):
         self._committer = None
         self._loop = loop
         others = [p for p in peers if p != self_addr]
-        if loop is None:
-            super().__init__(self_addr, others, conf)
-        else:
-            with RaftLoop._construct:
-                make = pysyncobj.syncobj.createPoller
+        with RaftLoop._construct:          # every construction: createPoller may be swapped
+            make = pysyncobj.syncobj.createPoller
+            if loop is not None:
                 pysyncobj.syncobj.createPoller = lambda _type: _LoopPoller(loop.poller)
-                try:
-                    super().__init__(self_addr, others, conf)
-                finally:
-                    pysyncobj.syncobj.createPoller = make
+            try:
+                super().__init__(self_addr, others, conf)
+            finally:
+                pysyncobj.syncobj.createPoller = make
         self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._running = True
@@ -294,7 +303,9 @@ class RaftGroup(SyncObj):
         if self._loop is None or j.durable_idx >= j.last_idx or not self._isLeader():
             return super()._onTick(timeToWait)
         real = self._SyncObj__raftMatchIndex
-        counted = capped_match_index(real, j.durable_idx)
+        voters = self._SyncObj__otherNodes
+        counted = dict(real)
+        counted.update(capped_match_index({n: i for n, i in real.items() if n in voters}, j.durable_idx))
         before = dict(counted)
         self._SyncObj__raftMatchIndex = counted
         try:
@@ -318,18 +329,32 @@ class RaftGroup(SyncObj):
         return need_send
 
     def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
-        if success:
-            # durable before the leader may count it
-            if self._loop is not None and self._loop.running:
-                if nextNodeIdx is None:
-                    nextNodeIdx = self.journal.last_idx + 1
-                self._loop.defer_ack(self, node, reset, nextNodeIdx)
-                return
-            self.journal.sync()
-        SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+        if not success:
+            return SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+        # durable before the leader may count it
+        if nextNodeIdx is None:
+            nextNodeIdx = self.journal.last_idx + 1
+        if self._loop is not None and self._loop.running:
+            self._loop.defer_ack(self, node, reset, nextNodeIdx)
+            return
+        self.journal.sync()
+        self.send_success(node, reset, nextNodeIdx, self.raftCurrentTerm)
+
+    def send_success(self, node, reset: bool, next_idx: int, term: int) -> None:
+        """pysyncobj's success reply, plus the term it was earned in.
+
+        pysyncobj's reply carries no term, so a reply delayed past an election
+        could make the new term's leader count entries of an old term that
+        this follower holds at the same indexes. Leaders drop a reply of
+        another term (``_on_ack``); a node without the field is taken as before.
+        """
+        self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_idx,
+                                             "reset": reset, "success": True, "term": term})
 
     # -------------------------------------------------------- stale appends
     def _SyncObj__onMessageReceived(self, node, message):
+        if message.get("type") == "next_node_idx" and message.get("term", self.raftCurrentTerm) != self.raftCurrentTerm:
+            return       # a reply earned in another term says nothing about this term's entries
         if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
             return self._on_ack(node, message)
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:

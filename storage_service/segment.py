@@ -36,7 +36,8 @@ def _name(base: int, ext: str) -> str:
     return f"{base:020d}.{ext}"
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make the entries of a directory (files created, renamed, removed) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -363,11 +364,11 @@ class QueueLog:
                 return False
             marker = os.path.join(self.path, f"{seg.base:020d}.swap")
             open(marker, "wb").close()
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
             for ext in SEGMENT_FILES:
                 os.replace(cleaned[ext], seg.file(ext))
             os.unlink(marker)
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
             seg.close()
             seg.size = pos
             seg.first_ts = first_ts

@@ -24,6 +24,7 @@ import threading
 from typing import Callable
 
 from . import codec
+from .errors import fatal
 from .segment import QueueLog
 
 __all__ = ["DataState", "apply_position", "queue_dir", "parse_queue_dir"]
@@ -150,15 +151,15 @@ class DataState:
 
     def sync(self) -> None:
         for q in list(self.queues.values()):
-            q.sync()
+            try:
+                q.sync()
+            except OSError as e:          # never retried over lost pages (errors.fatal)
+                fatal(f"queue {q.path}: segment sync failed ({e})")
 
     def sync_behind(self) -> None:
         """Sync every queue from a background thread (``QueueLog.sync_behind``)."""
         for q in list(self.queues.values()):
-            try:
-                q.sync_behind()
-            except OSError as e:          # a queue dropped (closed) under us; the next pass retries
-                log.debug("queue %s: background sync skipped: %s", q.path, e)
+            q.sync_behind()
 
     def close(self) -> None:
         for q in list(self.queues.values()):

@@ -140,3 +140,29 @@ def test_without_the_cap_an_unsynced_leader_copy_would_count():
     # 3 nodes: one follower has entry 4 on disk, the leader only in its page cache.
     assert _commits([4, 0], durable=3, idx=4, capped=False)
     assert not _commits([4, 0], durable=3, idx=4, capped=True)
+
+
+def test_a_reply_waiting_for_its_sync_is_dropped_when_a_new_term_begins(follower):
+    g, loop, leader, events = follower
+    handle = g._SyncObj__onMessageReceived
+    handle(leader, _append(1, 0, _entries(2, 4)))            # term 1, reply waits for the sync
+    handle(leader, _append(4, 1, [], term=2))                # a heartbeat of term 2 (same entries)
+    g.journal.sync_behind()
+    loop._send_ready_acks()
+    # the term-1 reply is gone; the term-2 one covers the same entries and says so
+    assert [(m["next_node_idx"], m["term"]) for kind, m in events
+            if kind == "reply" and m.get("success")] == [(5, 2)]
+
+
+def test_a_leader_ignores_a_success_reply_of_another_term(follower):
+    from pysyncobj.syncobj import _RAFT_STATE
+    g, loop, peer, events = follower
+    g._SyncObj__raftCurrentTerm = 3
+    g._SyncObj__raftState = _RAFT_STATE.LEADER
+    match = g._SyncObj__raftMatchIndex
+    match[peer], g._SyncObj__raftNextIndex[peer] = 0, 1
+    reply = {"type": "next_node_idx", "next_node_idx": 5, "reset": False, "success": True}
+    g._SyncObj__onMessageReceived(peer, dict(reply, term=2))   # earned under an older leader
+    assert match[peer] == 0
+    g._SyncObj__onMessageReceived(peer, dict(reply, term=3))
+    assert match[peer] == 4

@@ -193,3 +193,73 @@ def test_invalid_fsync_policy_names_the_allowed_values(jpath, bad):
         DurableJournal(jpath, bad)
     assert all(p in str(e.value) for p in FSYNC_POLICIES)
     assert not os.path.exists(jpath + ".log")
+
+
+# ------------------------------------------------ durable_idx (syncs from another thread)
+def _recording_fdatasync(monkeypatch, j) -> list[int]:
+    calls = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        calls.append(j.last_idx)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return calls
+
+
+def test_an_entry_counts_as_durable_only_after_a_sync_that_covers_it(jpath, monkeypatch):
+    j = DurableJournal(jpath)
+    j.add(b"\x01", 1, 0)
+    j.sync()
+    calls = _recording_fdatasync(monkeypatch, j)
+    remember = j._remember
+
+    def sync_in_the_middle_of_add(idx, cmd):
+        # the syncer thread takes the GIL after the entry is visible
+        remember(idx, cmd)
+        j.sync_behind()
+
+    j._remember = sync_in_the_middle_of_add
+    j.add(b"x" * 100, 2, 1)
+    assert j.durable_idx == 2 and calls == [2]    # claimed only with an fdatasync behind it
+
+
+def test_sync_behind_does_not_claim_entries_added_after_it_began(jpath, monkeypatch):
+    j = _filled(jpath, 3, fsync="always")
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        if j.last_idx == 3:
+            j.add(b"late", 4, 2)                  # written while the sync runs
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    j._dirty = True
+    j.sync_behind()
+    assert (j.durable_idx, j.last_idx) == (3, 4)
+    j.sync_behind()
+    assert j.durable_idx == 4
+
+
+def test_a_reopened_journal_syncs_what_it_read_before_calling_it_durable(jpath, monkeypatch):
+    # After kill -9 the unsynced tail is in the page cache and reads back.
+    j = _filled(jpath, 3, fsync="always")
+    j.add(b"unsynced", 4, 2)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    reopened = DurableJournal(jpath, "always")
+    assert reopened.durable_idx == 4 and synced
+    monkeypatch.undo()
+    j._destroy()
+
+
+def test_truncation_moves_durable_idx_back_and_counts(jpath):
+    j = _filled(jpath, 5, fsync="always")
+    j.sync()
+    assert (j.durable_idx, j.truncations) == (5, 0)
+    j.deleteEntriesFrom(2)                        # entries 3..5 go
+    assert (j.durable_idx, j.last_idx, j.truncations) == (2, 2, 1)
+    j.clear()
+    assert (j.durable_idx, j.truncations) == (0, 2)
