@@ -4,7 +4,7 @@
 One run measures every row below on this machine, one system at a time, and
 prints one table plus the project's targets::
 
-    .venv/bin/python bench/produce.py                  # 5 s per phase
+    .venv/bin/python bench/produce.py                  # 5 s per phase, 3 rounds
     .venv/bin/python bench/produce.py --seconds 3 --json bench/results/produce.json
     .venv/bin/python bench/produce.py --quick --skip-nats
 
@@ -24,8 +24,9 @@ once replicated):
    on, 5 ms ticks, commands of 100 messages; what is left for a
    pysyncobj-based log before it does any storage work.
 
-MB = 10^6 bytes of message values; progress goes to stderr, the table to
-stdout. Values are incompressible by default (``--payload``): pysyncobj's
+Rows 1-4 are measured ``--rounds`` times (rmq-spark and NATS taking turns)
+and the table shows medians. MB = 10^6 bytes of message values; progress
+goes to stderr, the table to stdout. Values are incompressible by default (``--payload``): pysyncobj's
 transport zlib-compresses every message, so compressible ones flatter it.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ import math
 import os
 import platform
 import signal
+import statistics
 import sys
 import tempfile
 import threading
@@ -484,7 +486,7 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
 def print_report(rows: list[Row], targets: list[dict[str, Any]],
                  ratio_map: dict[str, float | None], args: argparse.Namespace) -> None:
     print(f"\nproduce benchmark: {size_name()} {args.payload} values, {args.seconds:g} s per phase "
-          f"(+{args.warmup:g} s warm-up), {os.cpu_count()} cores\n")
+          f"(+{args.warmup:g} s warm-up), {args.rounds} round(s), {os.cpu_count()} cores\n")
     print(render_table(rows))
     print("\nours / NATS (throughput: higher is better; latency: lower is better)")
     width = max(len(k) for k in ratio_map)
@@ -512,26 +514,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bytes per message value (default 1024)")
     p.add_argument("--payload", choices=_peers.PAYLOAD_KINDS, default="random",
                    help="message values (default random: incompressible)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of rmq-spark then NATS; the table shows medians "
+                        "(default 3; 1 with --quick)")
     args = p.parse_args(argv)
     if args.seconds is None:
         args.seconds = 1.0 if args.quick else 5.0
-    if args.seconds <= 0 or args.threads <= 0 or args.msg_size <= 0:
-        p.error("--seconds, --threads and --msg-size must be positive")
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.seconds <= 0 or args.threads <= 0 or args.msg_size <= 0 or args.rounds <= 0:
+        p.error("--seconds, --threads, --msg-size and --rounds must be positive")
     args.warmup = 0.2 if args.quick else min(1.0, args.seconds / 5)
     return args
 
 
-def run_all(args: argparse.Namespace, env: dict[str, Any]) -> list[Row]:
+def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], list[list[Row]]]:
+    """The table's rows (medians over rounds) and every round's own rows.
+
+    rmq-spark and NATS take turns, ``--rounds`` times, each on a fresh
+    cluster, so both see the same machine: a single pass moved their ratio
+    by 15% from one run to the next. The pysyncobj ceilings run once.
+    """
     values = _peers.make_payloads(args.payload, 100, MSG_SIZE)
+    rounds: list[list[Row]] = []
     with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root:
-        rows = measure_rmq(args, values, root)
-        if args.skip_nats:
-            rows.append(Row(NATS, note="skipped (--skip-nats)"))
-        else:
-            rows.append(measured(NATS, lambda: measure_nats(args, values[0], root, env)))
+        for r in range(args.rounds):
+            log.info("round %d of %d", r + 1, args.rounds)
+            sub = os.path.join(root, f"round-{r}")
+            rows = measure_rmq(args, values, sub)
+            if args.skip_nats:
+                rows.append(Row(NATS, note="skipped (--skip-nats)"))
+            else:
+                rows.append(measured(NATS, lambda: measure_nats(args, values[0], sub, env)))
+            rounds.append(rows)
+        rows = median_rows(rounds)
         rows.append(measured(CEILING, lambda: measure_ceiling(args, root, fast_wire=False)))
         rows.append(measured(CEILING_FAST, lambda: measure_ceiling(args, root, fast_wire=True)))
-    return rows
+    return rows, rounds
+
+
+def median_rows(rounds: list[list[Row]]) -> list[Row]:
+    """Each row's median over the rounds that measured it (n/a if none did)."""
+    if len(rounds) == 1:
+        return list(rounds[0])
+    out = []
+    for i, first in enumerate(rounds[0]):
+        measured_rows = [rs[i] for rs in rounds if rs[i].msgs_per_s is not None]
+        if not measured_rows:
+            out.append(first)
+            continue
+
+        def med(attr: str) -> float | None:
+            vals = [getattr(r, attr) for r in measured_rows if getattr(r, attr) is not None]
+            return statistics.median(vals) if vals else None
+
+        note = f"{first.note}; median of {len(measured_rows)} rounds".lstrip("; ")
+        out.append(Row(first.name, med("msgs_per_s"), med("p50_ms"), med("p99_ms"), note,
+                       med("cpu_us")))
+    return out
 
 
 def measured(name: str, measure: Callable[[], Row]) -> Row:
@@ -545,10 +585,11 @@ def measured(name: str, measure: Callable[[], Row]) -> Row:
 
 
 def write_json(path: str, args: argparse.Namespace, env: dict[str, Any], rows: list[Row],
-               targets: list[dict[str, Any]], ratio_map: dict[str, float | None]) -> None:
+               targets: list[dict[str, Any]], ratio_map: dict[str, float | None],
+               rounds: list[list[dict[str, Any]]]) -> None:
     doc = {"config": {k: v for k, v in vars(args).items() if k != "json"},
            "environment": env, "rows": [r.as_dict() for r in rows],
-           "ratios_vs_nats": ratio_map, "targets": targets}
+           "ratios_vs_nats": ratio_map, "targets": targets, "rounds": rounds}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
@@ -572,15 +613,26 @@ def main(argv: list[str] | None = None) -> int:
     env: dict[str, Any] = {"python": platform.python_version(), "cores": os.cpu_count(),
                            "pysyncobj": version("pysyncobj"), "machine": platform.machine()}
     try:
-        rows = run_all(args, env)
+        rows, rounds = run_all(args, env)
     except KeyboardInterrupt:
         log.error("interrupted; every server this run started has been stopped")
         return 130
     by_name = {r.name: r for r in rows}
     targets, ratio_map = evaluate_targets(by_name), ratios(by_name)
     print_report(rows, targets, ratio_map, args)
+    per_round = [ratios({r.name: r for r in rs}) for rs in rounds]
+    if len(rounds) > 1:
+        print("\nper round (msgs/s, and x NATS)")
+        for name in (RMQ_B100, RMQ_B100X8, NATS):
+            cells = []
+            for rs, rm in zip(rounds, per_round):
+                row = next(r for r in rs if r.name == name)
+                x = rm.get(f"{name}: msgs/s / NATS")
+                cells.append(_fmt(row.msgs_per_s, ",.0f") + (f" ({x:.2f}x)" if x else ""))
+            print(f"  {name:<44} " + "  ".join(cells))
     if args.json:
-        write_json(args.json, args, env, rows, targets, ratio_map)
+        write_json(args.json, args, env, rows, targets, ratio_map,
+                   [[r.as_dict() for r in rs] for rs in rounds])
         log.info("wrote %s", args.json)
     return 0
 
