@@ -77,6 +77,7 @@ class StorageNode:
         # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
         self._compacted: dict = {}
         self._running = True
+        self._stopping = threading.Event()   # wakes the background threads at stop
         self._bg = threading.Thread(target=self._background, name="retention", daemon=True)
         self._bg.start()
         self._flusher = threading.Thread(target=self._flush_segments, name="segment-sync", daemon=True)
@@ -250,7 +251,8 @@ class StorageNode:
         if self.config.fsync != "always":
             return
         while self._running:
-            time.sleep(self.config.segment_sync_interval)
+            if self._stopping.wait(self.config.segment_sync_interval):
+                return
             for st in list(self.states.values()):
                 try:
                     st.sync_behind()
@@ -259,7 +261,8 @@ class StorageNode:
 
     def _background(self) -> None:
         while self._running:
-            time.sleep(self.config.retention_interval)
+            if self._stopping.wait(self.config.retention_interval):
+                return
             try:
                 self.enforce_retention()
             except Exception:
@@ -340,6 +343,9 @@ class StorageNode:
 
     def stop(self) -> None:
         self._running = False
+        self._stopping.set()
+        for t in (self._bg, self._flusher):   # no retention proposal into stopped groups
+            t.join(timeout=5)
         for c in self.committers.values():
             c.stop()
         self.raft_loop.stop()
