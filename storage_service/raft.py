@@ -22,9 +22,10 @@ What this subclass changes in pysyncobj 0.3.17, and why:
   and zlib/protocol-2 pickle framing.
 * Ticks: ``autoTick`` is off so the journal can be swapped before the first
   tick; our thread ticks: a node's ``RaftLoop`` (one thread and one poller
-  for all its groups), or a thread of the group's own when built alone. Appends go out as soon as a command is queued
-  (``appendEntriesUseBatch=False``: pysyncobj wakes its poller through a
-  pipe), so short commit latency does not need a busy tick.
+  for all its groups), or a thread of the group's own when built alone.
+  Appends go out as soon as a command is queued (``appendEntriesUseBatch=False``:
+  pysyncobj wakes its poller through a pipe), so short commit latency does
+  not need a busy tick.
 """
 from __future__ import annotations
 
