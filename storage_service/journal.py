@@ -106,7 +106,6 @@ class DurableJournal(Journal):
         self.truncations = 0       # tail (or all) entries dropped: replies about them are void
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
-        self.failed: OSError | None = None
         self._load()
         self._f = open(path + ".log", "ab")
         self._rfd = os.open(path + ".log", os.O_RDONLY)
@@ -182,19 +181,18 @@ class DurableJournal(Journal):
                 self._sync_locked()
 
     def _sync_locked(self) -> None:
-        last = self._entries[-1].idx if self._entries else 0
+        last = self.last_idx
         if self._dirty or last > self.durable_idx:
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
                 try:
                     os.fdatasync(self._f.fileno())
-                except OSError as e:
+                except OSError:
                     # Linux reports a lost write-back once; a retry would "succeed"
                     # over lost pages. Nothing past durable_idx may ever count.
-                    self.failed = e
                     self._dirty = True
                     raise
-        self.durable_idx = max(self.durable_idx, last) if self._entries else 0
+        self.durable_idx = max(self.durable_idx, last) if last else 0
 
     @property
     def last_idx(self) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from . import codec
-from .errors import NotLeader, ServiceError, fatal, not_found
+from .errors import NotLeader, ServiceError, not_found
 from .groupcommit import CommitFailed, GroupCommitter
 from .compaction import CompactionPolicy, cleanable_end, compact_queue
 from .meta import MetaState
@@ -76,7 +76,6 @@ class StorageNode:
         self.raft_loop.start()
         # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
         self._compacted: dict = {}
-        self._running = True
         self._stopping = threading.Event()   # wakes the background threads at stop
         self._bg = threading.Thread(target=self._background, name="retention", daemon=True)
         self._bg.start()
@@ -250,19 +249,12 @@ class StorageNode:
         """
         if self.config.fsync != "always":
             return
-        while self._running:
-            if self._stopping.wait(self.config.segment_sync_interval):
-                return
+        while not self._stopping.wait(self.config.segment_sync_interval):
             for st in list(self.states.values()):
-                try:
-                    st.sync_behind()
-                except OSError as e:     # as for the journal: never retried over lost pages
-                    fatal(f"segment sync failed ({e})")
+                st.sync_behind()
 
     def _background(self) -> None:
-        while self._running:
-            if self._stopping.wait(self.config.retention_interval):
-                return
+        while not self._stopping.wait(self.config.retention_interval):
             try:
                 self.enforce_retention()
             except Exception:
@@ -342,7 +334,6 @@ class StorageNode:
         return st
 
     def stop(self) -> None:
-        self._running = False
         self._stopping.set()
         for t in (self._bg, self._flusher):   # no retention proposal into stopped groups
             t.join(timeout=5)

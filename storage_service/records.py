@@ -25,6 +25,7 @@ A null value (Kafka's delete marker) and an empty value are different things.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from itertools import accumulate
@@ -214,27 +215,15 @@ def _check_utf8(what: str, off: np.ndarray, data: memoryview) -> None:
         raise ValueError(f"records block: a {what} starts inside a UTF-8 character")
 
 
+@functools.lru_cache(maxsize=64)
 def _zeros(n: int) -> bytes:
-    z = _ZEROS.get(n)
-    if z is None:
-        z = _ZEROS[n] = bytes(n)
-        if len(_ZEROS) > 64:
-            _ZEROS.pop(next(iter(_ZEROS)))
-    return z
+    return bytes(n)
 
 
-_ZEROS: dict[int, bytes] = {}
-_SEQUENTIAL: dict[int, bytes] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _sequential(n: int) -> bytes:
     """The offset_delta column 0..n-1 of a produced block, as bytes."""
-    b = _SEQUENTIAL.get(n)
-    if b is None:
-        b = _SEQUENTIAL[n] = np.arange(n, dtype=_U32).tobytes()
-        if len(_SEQUENTIAL) > 64:
-            _SEQUENTIAL.pop(next(iter(_SEQUENTIAL)))
-    return b
+    return np.arange(n, dtype=_U32).tobytes()
 
 
 def _check_flags(flags: np.ndarray, value_off: np.ndarray) -> None:

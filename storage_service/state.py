@@ -150,16 +150,18 @@ class DataState:
         return 1
 
     def sync(self) -> None:
-        for q in list(self.queues.values()):
-            try:
-                q.sync()
-            except OSError as e:          # never retried over lost pages (errors.fatal)
-                fatal(f"queue {q.path}: segment sync failed ({e})")
+        self._sync_all(QueueLog.sync)
 
     def sync_behind(self) -> None:
         """Sync every queue from a background thread (``QueueLog.sync_behind``)."""
+        self._sync_all(QueueLog.sync_behind)
+
+    def _sync_all(self, sync) -> None:
         for q in list(self.queues.values()):
-            q.sync_behind()
+            try:
+                sync(q)
+            except OSError as e:          # never retried over lost pages (errors.fatal)
+                fatal(f"queue {q.path}: segment sync failed ({e})")
 
     def close(self) -> None:
         for q in list(self.queues.values()):
