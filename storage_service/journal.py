@@ -2,18 +2,37 @@
 
 pysyncobj's own FileJournal writes through an mmap that is never fsynced, so
 an acknowledged entry can vanish with the page cache. This journal implements
-the same interface (``pysyncobj.journal.Journal``) over a plain append-only
-file of CRC-framed records, and ``sync()`` makes everything appended so far
-durable. RaftGroup calls ``sync()`` before a follower acknowledges entries and
-before a leader counts its own copy towards a commit.
+the same interface (``pysyncobj.journal.Journal``) over CRC-framed records in
+plain files, and ``sync()`` makes everything appended so far durable. RaftGroup
+calls ``sync()`` before a follower acknowledges entries and before a leader
+counts its own copy towards a commit.
 
-File layout (``<name>.log``)::
+Two files, used in turn (``<name>.0.wal`` and ``<name>.1.wal``)::
 
-    record = u32 len | u32 crc32c(payload) | payload
-    payload = u64 index | u64 term | command bytes
+    record = u32 len | u32 crc32c(body) | body
+    body   = u64 epoch | u64 index | u64 term | command bytes
 
-plus ``<name>.meta`` (JSON: currentTerm, votedFor, commitIndex), replaced
-atomically. A torn or corrupt tail record is dropped when the file is opened.
+plus ``<name>.meta`` (JSON: currentTerm, votedFor, commitIndex, and which file
+is active), replaced atomically.
+
+Why two files and epochs: ``fdatasync`` after an append that grows a file
+must also commit the new size and blocks to the filesystem journal; over
+blocks that were already written it flushes the data alone. On this
+project's test VM that is 1.1-1.4 ms and 0.37-0.45 ms of CPU per 360 KiB
+sync when growing, 0.5-0.6 ms and 0.16-0.19 ms when overwriting
+(``fallocate`` does not help: its blocks are "unwritten" and converting them
+is metadata too). So a file is never shrunk: a compaction
+(``deleteEntriesTo``, after every raft snapshot) writes the entries it keeps
+at the start of the *other* file, syncs it, and switches the meta file to it;
+the old file is overwritten at the next compaction. A file therefore holds
+old records past the live ones. Every record carries the epoch it was
+written in, and the reader stops at the first record that does not parse,
+fails its CRC, has a lower epoch than the record before it or than the
+file's base epoch (stored at the switch), or does not follow its index.
+Epochs only grow and are reserved in the meta file (durably, in blocks)
+before use; a new one starts at every open, truncation and compaction, so
+no old record can pass for a live one. A truncation (``deleteEntriesFrom``)
+also zeroes the header of the first dropped record.
 
 fsync policies:
   ``always``  sync per group commit / per acknowledged append (default): an
@@ -21,12 +40,16 @@ fsync policies:
   ``none``    never sync: an acknowledged produce is in the page cache of a
               majority; it survives process crashes (kill -9) but not a
               power loss of a majority.
+
+A journal written by an older version (one ``<name>.log`` without epochs) is
+read once and rewritten in this layout.
 """
 from __future__ import annotations
 
 import collections
 import json
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -41,8 +64,11 @@ __all__ = ["DurableJournal", "FSYNC_POLICIES"]
 log = logging.getLogger(__name__)
 FSYNC_POLICIES = ("always", "none")
 _REC = struct.Struct("<II")
-_IDX = struct.Struct("<QQ")
+_HEAD = struct.Struct("<QQQ")      # epoch, index, term
+_LEGACY_HEAD = struct.Struct("<QQ")
 CACHE_BYTES = 32 << 20
+EPOCH_BLOCK = 1024                 # epochs reserved per durable meta write
+WAL_VERSION = 2
 
 
 class _Entry:
@@ -100,21 +126,41 @@ class DurableJournal(Journal):
         self._cache_bytes = 0
         self._bytes = 0
         self._dirty = False
-        # Files are replaced, truncated and closed under this lock, and a sync
+        # Files are switched, truncated and closed under this lock, and a sync
         # from another thread (``sync_behind``) holds it while it runs.
         self._io = threading.RLock()
         self.truncations = 0       # tail (or all) entries dropped: replies about them are void
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
-        self._load()
-        self._f = open(path + ".log", "ab")
-        self._rfd = os.open(path + ".log", os.O_RDONLY)
+        self._active = self._meta.get("active", 0)
+        self._epoch = self._reserved = self._meta.get("epochs", 0)
+        legacy = self._load_legacy() if self._meta.get("wal") != WAL_VERSION else None
+        self._fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT, 0o644)
+        if legacy is None:
+            self._load()
+        # Every epoch used before this open is below the new one.
+        self._next_epoch()
+        if legacy:
+            self._rewrite_locked(legacy)
+        if legacy is not None or self._meta.get("wal") == WAL_VERSION:
+            try:                # converted (possibly just before a crash): the old file goes
+                os.remove(path + ".log")
+            except FileNotFoundError:
+                pass
         # After a kill -9 the unsynced tail is still in the page cache and reads
         # back like the rest: sync it before any of it counts as durable.
         if self.fsync:
-            os.fsync(self._f.fileno())
+            os.fsync(self._fd)
             fsync_dir(os.path.dirname(os.path.abspath(path)))
-        self.durable_idx = self._entries[-1].idx if self._entries else 0
+        self.durable_idx = self.last_idx
+
+    @property
+    def file_path(self) -> str:
+        """The file the live entries are in (the other one is overwritten next)."""
+        return self._wal(self._active)
+
+    def _wal(self, n: int) -> str:
+        return f"{self.path}.{n}.wal"
 
     # -------------------------------------------------------------- persistence
     def _load_meta(self) -> dict:
@@ -138,32 +184,66 @@ class DurableJournal(Journal):
         if durable and self.fsync:       # the rename itself survives a power loss
             fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
+    def _next_epoch(self) -> None:
+        """Start a new epoch, higher than any record in either file can carry."""
+        self._epoch += 1
+        if self._epoch > self._reserved:
+            self._reserved = self._epoch + EPOCH_BLOCK
+            self._meta["epochs"] = self._reserved
+            self._store_meta(durable=True)
+
     def _load(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if not size:
+            return
+        floor = self._meta.get("base", 0)
+        with mmap.mmap(self._fd, size, prot=mmap.PROT_READ) as m, memoryview(m) as data:
+            pos = 0
+            while pos + _REC.size + _HEAD.size <= size:
+                n, crc = _REC.unpack_from(data, pos)
+                end = pos + _REC.size + n
+                if n < _HEAD.size or end > size:
+                    break
+                epoch, idx, term = _HEAD.unpack_from(data, pos + _REC.size)
+                if epoch < floor or (self._entries and idx != self._entries[-1].idx + 1):
+                    break
+                if crc32c.crc32c(data[pos + _REC.size:end]) != crc:
+                    break
+                floor = epoch
+                self._entries.append(_Entry(self, idx, term))
+                self._ends.append(end)
+                pos = end
+        self._bytes = pos
+
+    def _load_legacy(self) -> list[tuple[bytes, int, int]] | None:
+        """Entries of a journal in the layout before epochs (``<name>.log``), if any."""
         try:
             with open(self.path + ".log", "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            return
-        pos = 0
+            return None
+        pos, entries = 0, []
         while pos + _REC.size <= len(data):
             n, crc = _REC.unpack_from(data, pos)
             end = pos + _REC.size + n
-            if n < _IDX.size or end > len(data) or crc32c.crc32c(data[pos + _REC.size:end]) != crc:
+            if n < _LEGACY_HEAD.size or end > len(data) or crc32c.crc32c(data[pos + _REC.size:end]) != crc:
                 break
-            idx, term = _IDX.unpack_from(data, pos + _REC.size)
-            self._entries.append(_Entry(self, idx, term))
-            self._ends.append(end)
+            idx, term = _LEGACY_HEAD.unpack_from(data, pos + _REC.size)
+            entries.append((data[pos + _REC.size + _LEGACY_HEAD.size:end], idx, term))
             pos = end
-        if pos != len(data):
-            log.warning("journal %s: dropping %d bytes of torn/corrupt tail", self.path, len(data) - pos)
-            with open(self.path + ".log", "r+b") as f:
-                f.truncate(pos)
-        self._bytes = pos
+        log.warning("journal %s: rewriting %d entries of the old layout", self.path, len(entries))
+        return entries
 
-    @staticmethod
-    def _frame(command: bytes, idx: int, term: int) -> bytes:
-        payload = _IDX.pack(idx, term) + command
-        return _REC.pack(len(payload), crc32c.crc32c(payload)) + payload
+    def _write(self, fd: int, pos: int, command: bytes, idx: int, term: int) -> int:
+        """Write one record at ``pos``; returns its length."""
+        # Header and command go out with one pwritev: no 100 KiB concatenation
+        # (a fresh buffer, page faults and a copy) per entry.
+        head = _HEAD.pack(self._epoch, idx, term)
+        crc = crc32c.crc32c(command, crc32c.crc32c(head))
+        n = _REC.size + len(head) + len(command)
+        if os.pwritev(fd, (_REC.pack(len(head) + len(command), crc), head, command), pos) != n:
+            raise OSError(f"journal {self.path}: short write")
+        return n
 
     def sync(self) -> None:
         """Make every entry appended so far durable (per the fsync policy)."""
@@ -177,7 +257,7 @@ class DurableJournal(Journal):
         to the last entry present when the sync began.
         """
         with self._io:
-            if not self._f.closed:
+            if self._fd is not None:
                 self._sync_locked()
 
     def _sync_locked(self) -> None:
@@ -186,7 +266,7 @@ class DurableJournal(Journal):
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
                 try:
-                    os.fdatasync(self._f.fileno())
+                    os.fdatasync(self._fd)
                 except OSError:
                     # Linux reports a lost write-back once; a retry would "succeed"
                     # over lost pages. Nothing past durable_idx may ever count.
@@ -200,6 +280,7 @@ class DurableJournal(Journal):
 
     @property
     def size_bytes(self) -> int:
+        """Bytes of live entries (the file itself may be longer: see the module docstring)."""
         return self._bytes
 
     # ----------------------------------------------------------- payloads
@@ -222,22 +303,15 @@ class DurableJournal(Journal):
         i = idx - self._entries[0].idx
         if not 0 <= i < len(self._entries) or self._entries[i].idx != idx:
             raise KeyError(f"journal {self.path}: no entry {idx}")
-        start = (self._ends[i - 1] if i else 0) + _REC.size + _IDX.size
-        self._f.flush()
-        cmd = os.pread(self._rfd, self._ends[i] - start, start)
+        start = (self._ends[i - 1] if i else 0) + _REC.size + _HEAD.size
+        cmd = os.pread(self._fd, self._ends[i] - start, start)
         self._remember(idx, cmd)
         return cmd
 
     # ------------------------------------------------------- Journal interface
     def add(self, command, idx, term):
         command = bytes(command)
-        # Header and command go out with one writev: no 100 KiB concatenation
-        # (a fresh buffer, page faults and a copy) per entry.
-        head = _IDX.pack(idx, term)
-        crc = crc32c.crc32c(command, crc32c.crc32c(head))
-        n = _REC.size + len(head) + len(command)
-        if os.writev(self._f.fileno(), (_REC.pack(len(head) + len(command), crc), head, command)) != n:
-            raise OSError(f"journal {self.path}: short write")
+        n = self._write(self._fd, self._bytes, command, idx, term)
         # Dirty before the entry is visible: a sync on another thread that sees
         # the entry must also see that there is something to sync.
         self._dirty = True
@@ -249,7 +323,7 @@ class DurableJournal(Journal):
     def clear(self):
         with self._io:
             self.truncations += 1
-            self._rewrite([])
+            self._rewrite_locked([])
 
     def deleteEntriesFrom(self, entryFrom):
         if entryFrom >= len(self._entries):
@@ -260,41 +334,46 @@ class DurableJournal(Journal):
             self._forget_from(self._entries[entryFrom].idx)
             del self._entries[entryFrom:]
             del self._ends[entryFrom:]
-            self._f.truncate(keep)
-            self._f.seek(keep)
+            # The first dropped record stops parsing, and records appended from
+            # here on outrank the dropped ones (one may start where a new one ends).
+            os.pwrite(self._fd, bytes(_REC.size), keep)
+            self._next_epoch()
             self._bytes = keep
             self._dirty = True
             self.durable_idx = min(self.durable_idx, self.last_idx)
             self._sync_locked()
 
     def deleteEntriesTo(self, entryTo):
-        self._rewrite(self._entries[entryTo:])
-
-    def _rewrite(self, entries) -> None:
         with self._io:
-            self._rewrite_locked(entries)
+            self._rewrite_locked(self._entries[entryTo:])
 
     def _rewrite_locked(self, entries) -> None:
-        tmp = self.path + ".log.tmp"
-        ends, pos, kept = [], 0, []
-        with open(tmp, "wb") as f:
+        """Write ``entries`` at the start of the other file, sync it, switch to it."""
+        other = 1 - self._active
+        self._next_epoch()
+        fd = os.open(self._wal(other), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            ends, pos, kept = [], 0, []
             for e in entries:
                 cmd, idx, term = tuple(e)
-                frame = self._frame(cmd, idx, term)
-                f.write(frame)
-                pos += len(frame)
+                pos += self._write(fd, pos, bytes(cmd), idx, term)
                 ends.append(pos)
                 kept.append(_Entry(self, idx, term))
-            f.flush()
             if self.fsync:
-                os.fsync(f.fileno())
-        self._f.close()
-        os.close(self._rfd)
-        os.replace(tmp, self.path + ".log")
-        if self.fsync:               # the new file is the journal only once the rename is durable
-            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
-        self._f = open(self.path + ".log", "ab")
-        self._rfd = os.open(self.path + ".log", os.O_RDONLY)
+                os.fdatasync(fd)
+            # The switch: from here on only records of this epoch or later count.
+            before = dict(self._meta)
+            self._meta.update(wal=WAL_VERSION, active=other, base=self._epoch)
+            try:
+                self._store_meta(durable=True)
+            except BaseException:
+                self._meta = before
+                raise
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(self._fd)
+        self._fd, self._active = fd, other
         live = {e.idx for e in kept}
         for k in [k for k in self._cache if k not in live]:
             self._cache_bytes -= len(self._cache.pop(k))
@@ -310,10 +389,10 @@ class DurableJournal(Journal):
 
     def _destroy(self):
         with self._io:
-            if not self._f.closed:
+            if self._fd is not None:
                 self._sync_locked()
-                self._f.close()
-                os.close(self._rfd)
+                os.close(self._fd)
+                self._fd = None
                 self._store_meta()
 
     def setRaftCommitIndex(self, raftCommitIndex):

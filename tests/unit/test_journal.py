@@ -1,4 +1,5 @@
-"""DurableJournal: pysyncobj's Journal interface on CRC-framed records (storage_service.journal)."""
+"""DurableJournal: pysyncobj's Journal interface on CRC-framed, epoch-stamped records in two
+recycled files (storage_service.journal)."""
 from __future__ import annotations
 
 import os
@@ -78,8 +79,7 @@ def test_delete_entries_from_survives_reopen(jpath):
 def test_delete_entries_from_zero_empties_the_journal(jpath):
     j = _filled(jpath, 5)
     j.deleteEntriesFrom(0)
-    assert len(j) == 0
-    assert os.path.getsize(jpath + ".log") == 0
+    assert (len(j), j.size_bytes) == (0, 0)
     assert len(_reopen(j, jpath)) == 0
 
 
@@ -99,12 +99,16 @@ def test_delete_entries_to_drops_the_head(jpath):
     assert [e[1] for e in _entries(_reopen(j, jpath))] == [4, 5, 6]
 
 
-def test_delete_entries_to_shrinks_the_file(jpath):
+def test_delete_entries_to_moves_the_kept_entries_to_the_other_file(jpath):
     j = _filled(jpath, 5)
-    before = j.size_bytes
+    before, first = j.size_bytes, j.file_path
     j.deleteEntriesTo(4)
-    assert j.size_bytes < before
-    assert os.path.getsize(jpath + ".log") == j.size_bytes
+    assert j.size_bytes < before and j.file_path != first
+    j.add(b"cmd-6", 6, 3)
+    j.deleteEntriesTo(1)
+    assert j.file_path == first                   # back to the first file, overwritten
+    assert os.path.getsize(first) == before       # never shrunk: its blocks stay written
+    assert _entries(_reopen(j, jpath)) == [(b"cmd-6", 6, 3)]
 
 
 def test_clear_empties_and_stays_usable(jpath):
@@ -147,17 +151,18 @@ def test_set_current_term_keeps_commit_index(jpath):
 def test_torn_tail_is_dropped_on_reopen(jpath):
     j = _filled(jpath, 5)
     j._destroy()
-    with open(jpath + ".log", "r+b") as f:
-        f.truncate(os.path.getsize(jpath + ".log") - 3)
+    with open(j.file_path, "r+b") as f:
+        f.truncate(os.path.getsize(j.file_path) - 3)
     j2 = DurableJournal(jpath, "none")
     assert [e[1] for e in _entries(j2)] == [1, 2, 3, 4]
-    assert os.path.getsize(jpath + ".log") == j2.size_bytes
+    j2.add(b"cmd-5b", 5, 9)
+    assert _entries(_reopen(j2, jpath))[-1] == (b"cmd-5b", 5, 9)
 
 
 def test_corrupt_tail_is_dropped_and_appends_continue(jpath):
     j = _filled(jpath, 5)
     j._destroy()
-    with open(jpath + ".log", "r+b") as f:
+    with open(j.file_path, "r+b") as f:
         f.seek(-1, os.SEEK_END)
         last = f.read(1)
         f.seek(-1, os.SEEK_END)
@@ -176,9 +181,11 @@ def test_unreadable_meta_falls_back_to_defaults(jpath):
     assert (len(j), j.getCurrentTerm(), j.getRaftCommitIndex()) == (2, 0, 1)
 
 
-def test_size_bytes_tracks_the_file(jpath):
+def test_size_bytes_counts_the_live_entries(jpath):
     j = _filled(jpath, 5)
-    assert j.size_bytes == os.path.getsize(jpath + ".log") > 0
+    assert j.size_bytes == os.path.getsize(j.file_path) > 0
+    j.deleteEntriesFrom(3)
+    assert 0 < j.size_bytes < os.path.getsize(j.file_path)
 
 
 @pytest.mark.parametrize("policy", FSYNC_POLICIES)
@@ -192,7 +199,7 @@ def test_invalid_fsync_policy_names_the_allowed_values(jpath, bad):
     with pytest.raises(ValueError) as e:
         DurableJournal(jpath, bad)
     assert all(p in str(e.value) for p in FSYNC_POLICIES)
-    assert not os.path.exists(jpath + ".log")
+    assert not os.listdir(os.path.dirname(jpath))
 
 
 # ------------------------------------------------ durable_idx (syncs from another thread)
@@ -263,3 +270,80 @@ def test_truncation_moves_durable_idx_back_and_counts(jpath):
     assert (j.durable_idx, j.last_idx, j.truncations) == (2, 2, 1)
     j.clear()
     assert (j.durable_idx, j.truncations) == (0, 2)
+
+
+# ------------------------------------------------ recycled files: old records never come back
+def test_truncated_entries_do_not_come_back_when_a_new_entry_ends_where_they_began(jpath):
+    # Same-size entries: after the truncation, entry 3b ends exactly where the
+    # dropped entry 4 begins, a well-formed record with a valid CRC.
+    j = _filled(jpath, 5)
+    j.deleteEntriesFrom(2)
+    j.add(b"cmd-X", 3, 7)
+    assert [(e[0], e[1]) for e in _entries(_reopen(j, jpath))] == [(b"cmd-1", 1), (b"cmd-2", 2), (b"cmd-X", 3)]
+
+
+def test_truncated_entries_do_not_come_back_without_new_appends(jpath):
+    j = _filled(jpath, 5)
+    j.deleteEntriesFrom(2)
+    assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2]
+
+
+def test_a_recycled_file_shows_only_what_the_compaction_wrote(jpath):
+    j = _filled(jpath, 6)                         # file A: 1..6
+    j.deleteEntriesTo(5)                          # file B: 6
+    for i in range(7, 9):
+        j.add(b"cmd-%d" % i, i, 3)
+    j.deleteEntriesTo(len(j))                     # file A again, empty; 1..6 still in its bytes
+    assert len(j) == 0
+    assert len(_reopen(j, jpath)) == 0
+    j = DurableJournal(jpath, "none")
+    j.add(b"cmd-9", 9, 3)                         # same size as the old cmd-1: ends where cmd-2 starts
+    assert _entries(_reopen(j, jpath)) == [(b"cmd-9", 9, 3)]
+
+
+def test_records_after_a_torn_one_stay_dropped_after_later_appends(jpath):
+    # 4 is torn, 5 intact (written, never synced); after the reopen a new 4
+    # of the same size ends where the old 5 begins.
+    j = _filled(jpath, 5)
+    j._destroy()
+    start4 = j._ends[2]
+    with open(j.file_path, "r+b") as f:
+        f.seek(start4 + 10)
+        f.write(b"\xff")
+    j2 = DurableJournal(jpath, "none")
+    assert [e[1] for e in _entries(j2)] == [1, 2, 3]
+    j2.add(b"cmd-Y", 4, 1)
+    assert [e[1] for e in _entries(_reopen(j2, jpath))] == [1, 2, 3, 4]
+
+
+def test_a_journal_of_the_old_layout_is_rewritten(jpath):
+    import struct
+
+    import crc32c
+    with open(jpath + ".log", "wb") as f:        # u32 len | u32 crc | u64 idx | u64 term | cmd
+        for idx in (1, 2, 3):
+            body = struct.pack("<QQ", idx, 1) + b"old-%d" % idx
+            f.write(struct.pack("<II", len(body), crc32c.crc32c(body)) + body)
+    j = DurableJournal(jpath, "none")
+    assert _entries(j) == [(b"old-1", 1, 1), (b"old-2", 2, 1), (b"old-3", 3, 1)]
+    assert not os.path.exists(jpath + ".log")
+    j.add(b"new-4", 4, 2)
+    assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2, 3, 4]
+
+
+def test_a_failed_switch_keeps_the_old_file_live(jpath, monkeypatch):
+    j = _filled(jpath, 5)
+    first = j.file_path
+
+    def no_rename(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    with pytest.raises(OSError):
+        j.deleteEntriesTo(3)
+    monkeypatch.undo()
+    assert (j.file_path, [e[1] for e in _entries(j)]) == (first, [1, 2, 3, 4, 5])
+    j.onOneSecondTimer()
+    j.setRaftCommitIndex(5)
+    j.onOneSecondTimer()                          # stores the meta: must still name the old file
+    assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2, 3, 4, 5]
