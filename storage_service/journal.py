@@ -9,11 +9,13 @@ counts its own copy towards a commit.
 
 Two files, used in turn (``<name>.0.wal`` and ``<name>.1.wal``)::
 
-    record = u32 len | u32 crc32c(body) | body
+    record = u32 len | u32 crc32c(body, seeded with the journal's salt) | body
     body   = u64 epoch | u64 index | u64 term | command bytes
 
-plus ``<name>.meta`` (JSON: currentTerm, votedFor, commitIndex, and which file
-is active), replaced atomically.
+plus ``<name>.meta`` (JSON: currentTerm, votedFor, commitIndex; which file is
+live, its base epoch, the epochs reserved, the CRC salt), replaced atomically.
+Without its meta file a journal refuses to open (the node's directory can be
+wiped: it rebuilds from its peers).
 
 Why two files and epochs: ``fdatasync`` after an append that grows a file
 must also commit the new size and blocks to the filesystem journal; over
@@ -32,7 +34,11 @@ file's base epoch (stored at the switch), or does not follow its index.
 Epochs only grow and are reserved in the meta file (durably, in blocks)
 before use; a new one starts at every open, truncation and compaction, so
 no old record can pass for a live one. A truncation (``deleteEntriesFrom``)
-also zeroes the header of the first dropped record.
+also zeroes the header of the first dropped record. The salt (random per
+journal) keeps message bytes left in a recycled file that happen (or are
+made) to look like a record from reading as one. I/O errors after a file
+switch or truncation began stop the node (``errors.fatal``): memory and
+files would no longer agree.
 
 fsync policies:
   ``always``  sync per group commit / per acknowledged append (default): an
@@ -57,6 +63,7 @@ import threading
 import crc32c
 from pysyncobj.journal import Journal
 
+from .errors import fatal
 from .segment import fsync_dir
 
 __all__ = ["DurableJournal", "FSYNC_POLICIES"]
@@ -135,23 +142,31 @@ class DurableJournal(Journal):
         self._active = self._meta.get("active", 0)
         self._epoch = self._reserved = self._meta.get("epochs", 0)
         legacy = self._load_legacy() if self._meta.get("wal") != WAL_VERSION else None
-        self._fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT, 0o644)
         if legacy is None:
-            self._load()
-        # Every epoch used before this open is below the new one.
-        self._next_epoch()
-        if legacy:
-            self._rewrite_locked(legacy)
-        if legacy is not None or self._meta.get("wal") == WAL_VERSION:
-            try:                # converted (possibly just before a crash): the old file goes
+            # The marker is stored (with the first epoch reservation) only when
+            # no old-layout journal waits to be converted.
+            if "salt" not in self._meta:   # (journals of one unreleased build have none)
+                self._meta["salt"] = 0 if "wal" in self._meta else int.from_bytes(os.urandom(4), "little")
+            self._meta["wal"] = WAL_VERSION
+        self._salt = self._meta.get("salt", 0)
+        self._fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if legacy is None:
+                self._load()
+            # Every epoch used before this open is below the new one.
+            self._next_epoch()
+            if legacy is not None:
+                self._meta["salt"] = self._salt = int.from_bytes(os.urandom(4), "little")
+                self._rewrite_locked(legacy)
                 os.remove(path + ".log")
-            except FileNotFoundError:
-                pass
-        # After a kill -9 the unsynced tail is still in the page cache and reads
-        # back like the rest: sync it before any of it counts as durable.
-        if self.fsync:
-            os.fsync(self._fd)
-            fsync_dir(os.path.dirname(os.path.abspath(path)))
+            # After a kill -9 the unsynced tail is still in the page cache and reads
+            # back like the rest: sync it before any of it counts as durable.
+            if self.fsync:
+                os.fsync(self._fd)
+                fsync_dir(os.path.dirname(os.path.abspath(path)))
+        except BaseException:
+            os.close(self._fd)
+            raise
         self.durable_idx = self.last_idx
 
     @property
@@ -166,14 +181,26 @@ class DurableJournal(Journal):
     def _load_meta(self) -> dict:
         try:
             with open(self.path + ".meta") as f:
-                return json.load(f)
-        except FileNotFoundError:
+                meta = json.load(f)
+        except (FileNotFoundError, ValueError) as e:
+            if any(os.path.exists(self._wal(n)) for n in (0, 1)):
+                # Which file is live, its base epoch and the CRC salt are in it:
+                # guessing could read stale entries as live ones.
+                raise RuntimeError(
+                    f"journal {self.path}: {self.path}.meta is missing or unreadable ({e}) "
+                    f"but its entry files exist; the journal cannot be read safely. "
+                    f"Remove this node's data directory to rebuild it from its peers.") from e
+            if isinstance(e, ValueError):
+                log.warning("journal %s: unreadable meta file, starting with defaults", self.path)
             return {}
-        except ValueError:
-            log.warning("journal %s: unreadable meta file, starting with defaults", self.path)
-            return {}
+        return meta
 
     def _store_meta(self, durable: bool = False) -> None:
+        self._write_meta()
+        if durable and self.fsync:       # the rename itself survives a power loss
+            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def _write_meta(self) -> None:
         tmp = self.path + ".meta.tmp"
         with open(tmp, "w") as f:
             json.dump(self._meta, f)
@@ -181,22 +208,30 @@ class DurableJournal(Journal):
             if self.fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, self.path + ".meta")
-        if durable and self.fsync:       # the rename itself survives a power loss
-            fsync_dir(os.path.dirname(os.path.abspath(self.path)))
 
     def _next_epoch(self) -> None:
-        """Start a new epoch, higher than any record in either file can carry."""
-        self._epoch += 1
-        if self._epoch > self._reserved:
-            self._reserved = self._epoch + EPOCH_BLOCK
-            self._meta["epochs"] = self._reserved
-            self._store_meta(durable=True)
+        """Start a new epoch, higher than any record in either file can carry.
+
+        Reserved durably before use; nothing changes when the reservation fails.
+        """
+        epoch = self._epoch + 1
+        if epoch > self._reserved:
+            reserved = epoch + EPOCH_BLOCK
+            before = self._meta.get("epochs")
+            self._meta["epochs"] = reserved
+            try:
+                self._store_meta(durable=True)
+            except BaseException:
+                self._meta["epochs"] = before
+                raise
+            self._reserved = reserved
+        self._epoch = epoch
 
     def _load(self) -> None:
         size = os.fstat(self._fd).st_size
         if not size:
             return
-        floor = self._meta.get("base", 0)
+        floor, ceiling = self._meta.get("base", 0), self._reserved
         with mmap.mmap(self._fd, size, prot=mmap.PROT_READ) as m, memoryview(m) as data:
             pos = 0
             while pos + _REC.size + _HEAD.size <= size:
@@ -205,9 +240,9 @@ class DurableJournal(Journal):
                 if n < _HEAD.size or end > size:
                     break
                 epoch, idx, term = _HEAD.unpack_from(data, pos + _REC.size)
-                if epoch < floor or (self._entries and idx != self._entries[-1].idx + 1):
+                if not floor <= epoch <= ceiling or (self._entries and idx != self._entries[-1].idx + 1):
                     break
-                if crc32c.crc32c(data[pos + _REC.size:end]) != crc:
+                if crc32c.crc32c(data[pos + _REC.size:end], self._salt) != crc:
                     break
                 floor = epoch
                 self._entries.append(_Entry(self, idx, term))
@@ -239,7 +274,7 @@ class DurableJournal(Journal):
         # Header and command go out with one pwritev: no 100 KiB concatenation
         # (a fresh buffer, page faults and a copy) per entry.
         head = _HEAD.pack(self._epoch, idx, term)
-        crc = crc32c.crc32c(command, crc32c.crc32c(head))
+        crc = crc32c.crc32c(command, crc32c.crc32c(head, self._salt))
         n = _REC.size + len(head) + len(command)
         if os.pwritev(fd, (_REC.pack(len(head) + len(command), crc), head, command), pos) != n:
             raise OSError(f"journal {self.path}: short write")
@@ -329,21 +364,27 @@ class DurableJournal(Journal):
         if entryFrom >= len(self._entries):
             return
         with self._io:
+            # Records appended from here on outrank the dropped ones (one may
+            # start exactly where a new one ends): reserved before anything changes.
+            self._next_epoch()
             self.truncations += 1
             keep = self._ends[entryFrom - 1] if entryFrom > 0 else 0
             self._forget_from(self._entries[entryFrom].idx)
             del self._entries[entryFrom:]
             del self._ends[entryFrom:]
-            # The first dropped record stops parsing, and records appended from
-            # here on outrank the dropped ones (one may start where a new one ends).
-            os.pwrite(self._fd, bytes(_REC.size), keep)
-            self._next_epoch()
             self._bytes = keep
             self._dirty = True
             self.durable_idx = min(self.durable_idx, self.last_idx)
-            self._sync_locked()
+            try:
+                # The first dropped record stops parsing.
+                os.pwrite(self._fd, bytes(_REC.size), keep)
+                self._sync_locked()
+            except OSError as e:        # the file no longer matches memory
+                fatal(f"journal {self.path}: truncation failed ({e})")
 
     def deleteEntriesTo(self, entryTo):
+        if entryTo <= 0:
+            return
         with self._io:
             self._rewrite_locked(self._entries[entryTo:])
 
@@ -363,17 +404,22 @@ class DurableJournal(Journal):
                 os.fdatasync(fd)
             # The switch: from here on only records of this epoch or later count.
             before = dict(self._meta)
-            self._meta.update(wal=WAL_VERSION, active=other, base=self._epoch)
+            self._meta.update(wal=WAL_VERSION, active=other, base=self._epoch, salt=self._salt)
             try:
-                self._store_meta(durable=True)
-            except BaseException:
+                self._write_meta()
+            except BaseException:       # os.replace did not happen: the old file stays live
                 self._meta = before
                 raise
         except BaseException:
             os.close(fd)
             raise
-        os.close(self._fd)
-        self._fd, self._active = fd, other
+        old, self._fd, self._active = self._fd, fd, other
+        try:
+            if self.fsync:
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            os.close(old)
+        except OSError as e:            # the switch is on disk, maybe not durably
+            fatal(f"journal {self.path}: switching files failed ({e})")
         live = {e.idx for e in kept}
         for k in [k for k in self._cache if k not in live]:
             self._cache_bytes -= len(self._cache.pop(k))

@@ -173,12 +173,25 @@ def test_corrupt_tail_is_dropped_and_appends_continue(jpath):
     assert _entries(_reopen(j2, jpath))[-1] == (b"cmd-5b", 5, 9)
 
 
-def test_unreadable_meta_falls_back_to_defaults(jpath):
+@pytest.mark.parametrize("damage", ["unreadable", "missing"])
+def test_a_journal_without_its_meta_file_refuses_to_open(jpath, damage):
+    # The meta file names the live file, its base epoch and the CRC salt:
+    # without it the stale file could be read as the journal.
     _filled(jpath, 2)._destroy()
+    if damage == "missing":
+        os.remove(jpath + ".meta")
+    else:
+        with open(jpath + ".meta", "w") as f:
+            f.write("{not json")
+    with pytest.raises(RuntimeError, match=r"raft\.meta is missing or unreadable.*data directory"):
+        DurableJournal(jpath, "none")
+
+
+def test_unreadable_meta_of_a_new_journal_falls_back_to_defaults(jpath):
     with open(jpath + ".meta", "w") as f:
         f.write("{not json")
     j = DurableJournal(jpath, "none")
-    assert (len(j), j.getCurrentTerm(), j.getRaftCommitIndex()) == (2, 0, 1)
+    assert (len(j), j.getCurrentTerm(), j.getRaftCommitIndex()) == (0, 0, 1)
 
 
 def test_size_bytes_counts_the_live_entries(jpath):
@@ -346,4 +359,40 @@ def test_a_failed_switch_keeps_the_old_file_live(jpath, monkeypatch):
     j.onOneSecondTimer()
     j.setRaftCommitIndex(5)
     j.onOneSecondTimer()                          # stores the meta: must still name the old file
+    assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2, 3, 4, 5]
+
+
+def _record(j, cmd: bytes, idx: int, term: int, salt: int) -> bytes:
+    import struct
+
+    import crc32c
+    body = struct.pack("<QQQ", j._epoch, idx, term) + cmd
+    return struct.pack("<II", len(body), crc32c.crc32c(body, salt)) + body
+
+
+@pytest.mark.parametrize("salted", [True, False])
+def test_only_records_written_by_the_journal_read_back(jpath, salted):
+    # A message's bytes left in a recycled file could be shaped as a record
+    # (next index, live epoch, valid plain CRC): the per-journal CRC salt
+    # (random, in the meta file) keeps it out.
+    j = _filled(jpath, 3)
+    forged = _record(j, b"forged", 4, 1, j._salt if salted else 0)
+    os.pwrite(j._fd, forged, j.size_bytes)
+    got = [e[1] for e in _entries(_reopen(j, jpath))]
+    assert got == ([1, 2, 3, 4] if salted else [1, 2, 3])
+
+
+def test_a_failed_epoch_reservation_changes_nothing(jpath, monkeypatch):
+    j = _filled(jpath, 5, fsync="always")
+    j._reserved = j._epoch                        # the next epoch needs a meta write
+    state = (j._epoch, j._reserved, j.size_bytes, j.durable_idx, j.truncations, _entries(j))
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(j, "_store_meta", full)
+    with pytest.raises(OSError):
+        j.deleteEntriesFrom(3)
+    assert (j._epoch, j._reserved, j.size_bytes, j.durable_idx, j.truncations, _entries(j)) == state
+    monkeypatch.undo()
     assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2, 3, 4, 5]
