@@ -447,6 +447,47 @@ def test_produce_batches_to_a_follower_names_the_leader_and_client_retries(clust
         client.produce_batches([(topic, 0, [])])
 
 
+def test_concurrent_produce_batches_share_rpcs_and_each_gets_its_own_results(cluster, topic):
+    """Calls from 8 threads to the same nodes go out in fewer RPCs than calls;
+    every call still gets its own offsets, and every message is stored once,
+    in each thread's order."""
+    threads, calls = 8, 15
+    with Client(cluster.endpoints, timeout=30) as c:
+        c.produce_batches([(topic, q, [b"warm-up"]) for q in range(4)])   # routes known: no misroutes below
+        rpcs, start = [], threading.Barrier(threads)
+        for addr in cluster.endpoints.split(","):
+            stub = c._stub(addr)
+            real = stub.ProduceBatches.future
+            stub.ProduceBatches.future = lambda req, _real=real, **kw: rpcs.append(len(req.batches)) or _real(req, **kw)
+        got: dict[int, list] = {}
+
+        def producer(t):
+            start.wait()
+            mine = got.setdefault(t, [])
+            for i in range(calls):
+                res = c.produce_batches([(topic, q, [f"t{t}-c{i}-q{q}-{k}".encode() for k in range(3)])
+                                         for q in range(4)])
+                assert [(r.queue, r.count) for r in res] == [(q, 3) for q in range(4)]
+                mine.append(res)
+
+        workers = [threading.Thread(target=producer, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(60)
+        assert sorted(got) == list(range(threads)) and all(len(v) == calls for v in got.values())
+        per_call_rpcs = threads * calls * len({c._routes[c.group_of(topic, q)] for q in range(4)})
+        assert sum(rpcs) == threads * calls * 4               # every batch sent exactly once
+        assert len(rpcs) < per_call_rpcs                      # ... in fewer RPCs than calls x nodes
+        for q in range(4):
+            recs = c.fetch(topic, q, 1, max_messages=10_000).records
+            assert [r.offset for r in recs] == list(range(1, 1 + threads * calls * 3))
+            by_offset = {r.offset: r.value for r in recs}
+            for t, results in got.items():
+                mine = [by_offset[off] for res in results for off in range(res[q].base_offset, res[q].base_offset + 3)]
+                assert mine == [f"t{t}-c{i}-q{q}-{k}".encode() for i in range(calls) for k in range(3)]
+
+
 def test_produce_batches_retry_is_deduplicated(client, topic):
     req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
         topic=topic, queue=0, messages=[rmq_pb2.Message(value=b"a"), rmq_pb2.Message(value=b"b")],
