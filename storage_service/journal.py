@@ -145,15 +145,16 @@ class DurableJournal(Journal):
         if legacy is None:
             # The marker is stored (with the first epoch reservation) only when
             # no old-layout journal waits to be converted.
-            if "salt" not in self._meta:   # (journals of one unreleased build have none)
-                self._meta["salt"] = 0 if "wal" in self._meta else int.from_bytes(os.urandom(4), "little")
+            self._meta.setdefault("salt", int.from_bytes(os.urandom(4), "little"))
             self._meta["wal"] = WAL_VERSION
         self._salt = self._meta.get("salt", 0)
         self._fd = os.open(self.file_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             if legacy is None:
                 self._load()
-            # Every epoch used before this open is below the new one.
+            # Every epoch used before this open is below the new one. (The
+            # reservation's meta write also makes the new file's directory
+            # entry durable: it fsyncs the same directory.)
             self._next_epoch()
             if legacy is not None:
                 self._meta["salt"] = self._salt = int.from_bytes(os.urandom(4), "little")
@@ -163,7 +164,6 @@ class DurableJournal(Journal):
             # back like the rest: sync it before any of it counts as durable.
             if self.fsync:
                 os.fsync(self._fd)
-                fsync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             os.close(self._fd)
             raise
@@ -404,7 +404,7 @@ class DurableJournal(Journal):
                 os.fdatasync(fd)
             # The switch: from here on only records of this epoch or later count.
             before = dict(self._meta)
-            self._meta.update(wal=WAL_VERSION, active=other, base=self._epoch, salt=self._salt)
+            self._meta.update(wal=WAL_VERSION, active=other, base=self._epoch)
             try:
                 self._write_meta()
             except BaseException:       # os.replace did not happen: the old file stays live

@@ -16,6 +16,7 @@ import random
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Sequence
 
 import grpc
@@ -480,27 +481,6 @@ class Client:
         self.close()
 
 
-class _SenderSlot:
-    """One ``produce_batches`` call's share of a coalesced ProduceBatches RPC."""
-    __slots__ = ("_done", "_outcomes", "_error")
-
-    def __init__(self):
-        self._done = threading.Event()
-        self._outcomes: list | None = None
-        self._error: BaseException | None = None
-
-    def finish(self, outcomes=None, error: BaseException | None = None) -> None:
-        self._outcomes, self._error = outcomes, error
-        self._done.set()
-
-    def result(self) -> list:
-        """The outcomes of this call's batches, in order; raises the RPC's error."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._outcomes
-
-
 class _RequestLost(grpc.RpcError):
     """A coalesced RPC answered with the wrong number of outcomes (or could not be sent)."""
 
@@ -537,11 +517,12 @@ class _ProduceSender:
         self.max_in_flight = max_in_flight
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._queue: list[tuple[list, _SenderSlot, float, int]] = []
+        self._queue: list[tuple[list, Future, float, int]] = []
         self._in_flight = 0
 
-    def send(self, reqs: list, timeout: float) -> _SenderSlot:
-        slot = _SenderSlot()
+    def send(self, reqs: list, timeout: float) -> Future:
+        """``Future`` of the outcomes of ``reqs``, in order (or the RPC's error)."""
+        slot: Future = Future()
         size = sum(r.ByteSize() for r in reqs)
         with self._lock:
             self._queue.append((reqs, slot, time.monotonic() + timeout, size))
@@ -585,9 +566,9 @@ class _ProduceSender:
         pos = 0
         for reqs, slot, _, _ in items:
             if error is not None:
-                slot.finish(error=error)
+                slot.set_exception(error)
             else:
-                slot.finish(outcomes[pos:pos + len(reqs)])
+                slot.set_result(outcomes[pos:pos + len(reqs)])
                 pos += len(reqs)
         with self._lock:
             self._in_flight -= 1
