@@ -465,3 +465,103 @@ def test_sync_behind_without_fsync_or_data_does_nothing(qpath, monkeypatch):
     _fill(q, 2)
     q.sync_behind()
     assert calls == []
+
+
+# ---------------------------------------------------------- page-cache drop
+def _cached_bytes(path: str) -> int:
+    """Bytes of ``path`` resident in the page cache (Linux ``mincore``)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if not size:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    page = mmap.PAGESIZE
+    pages = (size + page - 1) // page
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+            return sum(b & 1 for b in vec.raw) * page
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def _append_big(q: QueueLog, batches: int, size: int = 64 << 10) -> None:
+    for _ in range(batches):
+        base = q.next_offset
+        frame = frame_batch(base, 1000, 1, base + 1, encode_values([os.urandom(size)]))
+        q.append(frame, next(iter_batches(frame)))
+
+
+needs_linux = pytest.mark.skipif(not hasattr(os, "posix_fadvise"),
+                                 reason="page-cache residency (mincore/fadvise) is Linux only")
+
+
+@needs_linux
+def test_sync_behind_drops_synced_data_but_the_cached_tail_from_the_page_cache(qpath):
+    q = QueueLog(qpath, fsync=True, cache_bytes=1 << 20)
+    _append_big(q, 64)                                # ~4 MiB, all of it in the page cache
+    path = q.segments[-1].file("log")
+    assert _cached_bytes(path) >= 4 << 20
+    q.sync_behind()
+    assert (1 << 20) <= _cached_bytes(path) <= (1 << 20) + 2 * mmap_page()
+    _append_big(q, 32)                                # new appends are cached until synced
+    assert _cached_bytes(path) >= 3 << 20
+    q.sync_behind()
+    assert _cached_bytes(path) <= (1 << 20) + 2 * mmap_page()
+    data = open(path, "rb").read()                    # what left the cache is on disk, intact
+    assert sum(1 for _ in iter_batches(data)) == 96 and len(data) == q.segments[-1].size
+
+
+@needs_linux
+def test_a_rolled_segment_leaves_the_page_cache_and_still_reads_back(qpath):
+    q = QueueLog(qpath, segment_bytes=2 << 20, fsync=True, cache_bytes=1 << 20)
+    _append_big(q, 40)                                # rolls at 2 MiB
+    assert len(q.segments) >= 2
+    sealed = q.segments[0].file("log")
+    assert _cached_bytes(sealed) == 0
+    assert [h.base_offset for h in iter_batches(open(sealed, "rb").read())] == \
+        list(range(q.segments[0].base, q.segments[1].base))
+
+
+@needs_linux
+def test_nothing_leaves_the_page_cache_without_fsync(qpath):
+    q = QueueLog(qpath, fsync=False, cache_bytes=0)   # nothing is synced: nothing is dropped
+    _append_big(q, 32)
+    q.sync_behind()
+    assert _cached_bytes(q.segments[-1].file("log")) >= 2 << 20
+
+
+@needs_linux
+def test_a_roll_during_sync_behind_drops_nothing_of_the_new_segment(qpath, monkeypatch):
+    q = QueueLog(qpath, segment_bytes=2 << 20, fsync=True, cache_bytes=0)
+    _append_big(q, 20)                                # ~1.3 MiB in segment 0
+    first, fired = q.segments[-1], []
+
+    def roll_once():
+        if not fired:
+            fired.append(1)
+            _append_big(q, 20)
+
+    _count_fdatasync(monkeypatch, during=roll_once)
+    q.sync_behind()                                   # segment 0 rolls while it syncs
+    assert len(q.segments) == 2 and q.segments[0] is first
+    assert q._uncached == 0                           # the new segment's bookkeeping untouched
+    assert _cached_bytes(q.segments[-1].file("log")) > 0
+
+
+def mmap_page() -> int:
+    import mmap
+    return mmap.PAGESIZE
