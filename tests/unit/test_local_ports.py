@@ -19,9 +19,10 @@ def test_blocks_are_free_and_outside_the_ephemeral_range():
         assert base + 5 < lo or base > hi, (base, lo, hi)
         socks = []
         try:
-            for p in range(base, base + 6):     # every port of the block binds
-                s = socket.socket()
-                socks.append(s)
+            for p in range(base, base + 6):     # every port of the block binds, as a node binds
+                s = socket.socket()                # (gRPC and create_server: SO_REUSEADDR, so a
+                socks.append(s)                    # port in TIME_WAIT after an earlier test is free)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("127.0.0.1", p))
         finally:
             for s in socks:
