@@ -74,8 +74,12 @@ class _Producer(threading.Thread):
             try:
                 with self.lock:
                     self.report.produce_calls += 1
-                self.client.produce(self.topic, values, queue=q, producer_id=f"chaos-{self.pid}",
-                                    sequence=seq, timeout=10)
+                if self.pid % 2:   # ProduceBatches: the produce port, calls of all such producers shared
+                    self.client.produce_batches([(self.topic, q, values, f"chaos-{self.pid}", seq)],
+                                                timeout=10)
+                else:              # Produce over gRPC
+                    self.client.produce(self.topic, values, queue=q, producer_id=f"chaos-{self.pid}",
+                                        sequence=seq, timeout=10)
                 return True
             except Exception:
                 with self.lock:

@@ -60,7 +60,7 @@ def run_node(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     logging.info("node %d serving on %s", args.id, addresses[args.id])
     stop.wait()
-    server.stop(grace=1).wait()
+    server.stop(grace=1)
     node.stop()
     return 0
 

@@ -114,7 +114,7 @@ class LocalCluster:
         saved = self._saved()
         if saved and not port:
             return saved["addresses"]
-        span = self.groups + 2
+        span = self.groups + 3      # gRPC, one raft port per group + meta, produce port
         if port:
             bases = [port + i * span for i in range(self.nodes)]
         else:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import zlib
 
-__all__ = ["GRPC_OPTIONS", "META_GROUP", "group_of", "raft_address"]
+__all__ = ["GRPC_OPTIONS", "META_GROUP", "group_of", "produce_address", "raft_address"]
 
 META_GROUP = 0
 # gRPC options of every channel and server: big messages (fetches of up to
@@ -24,3 +24,9 @@ def raft_address(grpc_address: str, group: int) -> str:
     """Each node listens for group g's raft traffic on its gRPC port + 1 + g."""
     host, port = grpc_address.rsplit(":", 1)
     return f"{host}:{int(port) + 1 + group}"
+
+
+def produce_address(grpc_address: str, groups: int) -> str:
+    """A node's produce port (``storage_service.producewire``): after its raft ports."""
+    host, port = grpc_address.rsplit(":", 1)
+    return f"{host}:{int(port) + groups + 2}"

@@ -21,10 +21,11 @@ from .node import StorageNode
 from .fetchwire import encode_fetch_response
 from .localread import host_id
 from .proto import rmq_pb2, rmq_pb2_grpc
-from .routing import GRPC_OPTIONS, META_GROUP
+from .producewire import ProduceWireServer
+from .routing import GRPC_OPTIONS, META_GROUP, produce_address
 from .tagfilter import filter_batches, parse_tag_expression
 
-__all__ = ["MessageLogService", "serve"]
+__all__ = ["MessageLogService", "Servers", "serve"]
 
 log = logging.getLogger(__name__)
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
@@ -181,8 +182,12 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
 
     @_guard
     def ProduceBatches(self, request, context):
+        return self.produce_batches(request)
+
+    def produce_batches(self, request: rmq_pb2.ProduceBatchesRequest) -> rmq_pb2.ProduceBatchesResponse:
         """Every batch is submitted before any is waited for, so batches of one
-        group share a raft entry; each gets its own outcome."""
+        group share a raft entry; each gets its own outcome. Also served on the
+        produce port (``producewire``)."""
         if not request.batches:
             raise invalid("batches is empty: give at least one produce batch")
         submitted = []
@@ -494,14 +499,42 @@ def _method_handlers(servicer: MessageLogService) -> dict[str, grpc.RpcMethodHan
     return handlers
 
 
-def serve(node: StorageNode, workers: int = 64) -> grpc.Server:
+class Servers:
+    """A node's gRPC server and its produce port (``producewire``), stopped together."""
+
+    def __init__(self, grpc_server: grpc.Server, produce: ProduceWireServer | None):
+        self.grpc = grpc_server
+        self.produce = produce
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self.produce is not None:
+            self.produce.stop()
+        self.grpc.stop(grace=grace).wait()
+
+
+def _produce_server(handle, address: str) -> ProduceWireServer | None:
+    """The produce port, or None (with a warning) when it cannot be bound: clients
+    then produce over gRPC (e.g. a cluster laid out by an older version with
+    ``--port``, whose next node's gRPC port is this node's produce port)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        return ProduceWireServer(handle, host, int(port))
+    except OSError as e:
+        log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
+        return None
+
+
+def serve(node: StorageNode, workers: int = 64) -> Servers:
     from concurrent.futures import ThreadPoolExecutor
     server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
                          options=GRPC_OPTIONS)
-    handlers = _method_handlers(MessageLogService(node))
+    servicer = MessageLogService(node)
+    handlers = _method_handlers(servicer)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
     server.add_registered_method_handlers(SERVICE.full_name, handlers)
     host, port = node.config.address.rsplit(":", 1)
     server.add_insecure_port(f"{host}:{port}")
     server.start()
-    return server
+    produce = _produce_server(servicer.produce_batches,
+                              produce_address(node.config.address, node.config.groups))
+    return Servers(server, produce)

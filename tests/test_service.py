@@ -456,9 +456,9 @@ def test_concurrent_produce_batches_share_rpcs_and_each_gets_its_own_results(clu
         c.produce_batches([(topic, q, [b"warm-up"]) for q in range(4)])   # routes known: no misroutes below
         rpcs, sends, start = [], [], threading.Barrier(threads)
         for addr in cluster.endpoints.split(","):
-            stub, sender = c._stub(addr), c._sender(addr)
-            real = stub.ProduceBatches.future
-            stub.ProduceBatches.future = lambda req, _real=real, **kw: rpcs.append(len(req.batches)) or _real(req, **kw)
+            sender = c._sender(addr)
+            real = sender._call                      # the produce port's (or gRPC's) ProduceBatches
+            sender._call = lambda req, _real=real, **kw: rpcs.append(len(req.batches)) or _real(req, **kw)
             real_send = sender.send
             sender.send = lambda reqs, timeout, _real=real_send: sends.append(len(reqs)) or _real(reqs, timeout)
         got: dict[int, list] = {}

@@ -27,8 +27,9 @@ from storage_service.localread import host_id, read_span
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.errors import LEADER_METADATA_KEY
 from storage_service._malloc import reuse_big_buffers
-from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of
+from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of, produce_address
 
+from ._produce_wire import ProduceTransport
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
 from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
 
@@ -113,8 +114,14 @@ FETCH_SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"].full_name
 
 class Client:
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
-                 producer_id: str | None = None, attempt_timeout: float = 5.0):
+                 producer_id: str | None = None, attempt_timeout: float = 5.0,
+                 produce_port: bool = True):
+        """``produce_port``: ``produce_batches`` goes over the nodes' produce
+        ports (``storage_service.producewire``; ~4x less CPU per call than
+        gRPC), falling back to gRPC for a node that does not serve one."""
         self.endpoints = parse_endpoints(endpoints)
+        self.produce_port = produce_port
+        self._transports: list[ProduceTransport] = []
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
         self._channels: dict[str, grpc.Channel] = {}
@@ -150,9 +157,18 @@ class Client:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
-            stub = self._stub(address)
+            call = self._stub(address).ProduceBatches.future
+            if self.produce_port:
+                transport = ProduceTransport(produce_address(address, self.groups()), fallback=call)
+                call = transport.future
             with self._lock:
-                sender = self._senders.setdefault(address, _ProduceSender(stub))
+                sender = self._senders.get(address)
+                if sender is None:
+                    sender = self._senders[address] = _ProduceSender(call)
+                    if self.produce_port:
+                        self._transports.append(transport)
+                elif self.produce_port:
+                    transport.close()
         return sender
 
     def _candidates(self, group: int | None) -> list[str]:
@@ -293,22 +309,29 @@ class Client:
         return [ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)
                 for r in resp.results]
 
-    def produce_batches(self, batches: Sequence[tuple[str, int, Iterable[MessageLike]]],
-                        timeout: float | None = None) -> list[ProduceResult]:
+    def produce_batches(self, batches: Sequence[tuple], timeout: float | None = None) -> list[ProduceResult]:
         """Append several batches, each ``(topic, queue, messages)``, in one call per node.
 
         Each batch is what ``produce(topic, messages, queue=queue)`` sends (one
         records block, idempotent across retries) and gets one result, in the
-        order given. Batches whose queues the same node leads travel in one RPC
+        order given. ``(topic, queue, messages, producer_id, sequence)`` gives the
+        batch's identity, as ``produce`` takes it: a retry in a later call with
+        the same identity is applied once. Batches whose queues the same node leads travel in one RPC
         (as Kafka's producer sends one request per broker with a batch per
         partition), and batches of one raft group share its entries: the way to
         produce to many queues at once with few calls per message. Calls from
         several threads to one node share RPCs too (``_ProduceSender``).
         """
         reqs = []
-        for topic, queue, messages in batches:
+        for topic, queue, messages, *identity in batches:
             messages = list(messages)
-            pid, seq = self._next_sequence(topic, queue, len(messages))
+            if identity:
+                if len(identity) != 2:
+                    raise ValueError(f"batch for {topic}/{queue}: give (topic, queue, messages) or "
+                                     "(topic, queue, messages, producer_id, sequence)")
+                pid, seq = identity
+            else:
+                pid, seq = self._next_sequence(topic, queue, len(messages))
             reqs.append(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
                                                count=len(messages), producer_id=pid, sequence=seq))
         groups = [self.group_of(r.topic, r.queue) for r in reqs]
@@ -469,10 +492,13 @@ class Client:
 
     def close(self) -> None:
         with self._lock:
+            transports, self._transports, self._senders = self._transports, [], {}
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()
             self._stubs.clear()
+        for t in transports:
+            t.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -512,8 +538,8 @@ class _ProduceSender:
     is every contained call's error (each retries its own batches, idempotently).
     """
 
-    def __init__(self, stub, max_in_flight: int = 2, max_bytes: int = 32 << 20):
-        self._stub = stub
+    def __init__(self, call: Callable[..., Any], max_in_flight: int = 2, max_bytes: int = 32 << 20):
+        self._call = call           # ProduceBatches.future: over the produce port or gRPC
         self.max_in_flight = max_in_flight
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
@@ -545,7 +571,7 @@ class _ProduceSender:
         request = rmq_pb2.ProduceBatchesRequest(batches=[r for reqs, _, _, _ in items for r in reqs])
         left = max(0.01, min(deadline for _, _, deadline, _ in items) - time.monotonic())
         try:
-            call = self._stub.ProduceBatches.future(request, timeout=left)
+            call = self._call(request, timeout=left)
         except Exception as e:         # never leave a caller waiting
             self._done(items, None, e)
             return

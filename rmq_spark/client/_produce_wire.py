@@ -1,0 +1,218 @@
+"""The client side of a node's produce port (``storage_service.producewire``).
+
+``ProduceTransport.future(request, timeout)`` has the shape of a gRPC
+``ProduceBatches.future``: a ``Future`` whose result is a
+``ProduceBatchesResponse`` or whose exception is a ``grpc.RpcError``
+(``WireCallError``), so ``_ProduceSender`` coalesces calls and maps errors
+the same way over either transport. A node whose produce port refuses
+connections (not serving it, e.g. its port was taken) is asked over gRPC for
+``FALLBACK_SECONDS`` before the port is tried again.
+
+A connection answers its requests in order, so a transport keeps up to
+``max_connections`` of them and gives each request one with nothing in
+flight when it can. A request past its deadline fails with
+DEADLINE_EXCEEDED and takes its connection down with it (a stuck or paused
+node): the next request opens a new one.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+import grpc
+
+from storage_service.producewire import (FRAME, HELLO, METHOD_PRODUCE_BATCHES, WireProtocolError,
+                                         check_hello, hello, recv_exact, send_frame)
+from storage_service.proto import rmq_pb2
+
+__all__ = ["ProduceTransport", "WireCallError"]
+
+log = logging.getLogger(__name__)
+FALLBACK_SECONDS = 30.0
+CONNECT_TIMEOUT = 2.0
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class WireCallError(grpc.RpcError):
+    """A produce-port call that failed as a whole, seen as a gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+
+class _Connection:
+    """One produce-port connection: requests by id, answered by a reader thread."""
+
+    def __init__(self, address: str, timeout: float):
+        host, port = address.rsplit(":", 1)
+        self.address = address
+        self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.sendall(hello())
+            check_hello(recv_exact(self._sock, HELLO.size))
+        except BaseException:
+            self._sock.close()
+            raise
+        self._lock = threading.Lock()
+        self._pending: dict[int, tuple[Future, float]] = {}
+        self._next_id = 0
+        self.closed = False
+        self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
+        self._reader.start()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def call(self, body: bytes, timeout: float) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self.closed:
+                raise OSError(f"produce connection to {self.address} is closed")
+            self._next_id = self._next_id % 0xFFFFFFFF + 1      # 0 is for connection errors
+            rid = self._next_id
+            self._pending[rid] = (fut, time.monotonic() + timeout)
+            try:
+                send_frame(self._sock, rid, METHOD_PRODUCE_BATCHES, body)
+            except OSError as e:
+                self._pending.pop(rid, None)
+                self._close_locked(grpc.StatusCode.UNAVAILABLE, f"send to {self.address} failed: {e}")
+                raise
+        return fut
+
+    def _read(self) -> None:
+        try:
+            while True:
+                self._sock.settimeout(self._wait())
+                try:
+                    head = self._sock.recv(FRAME.size, socket.MSG_PEEK)
+                except socket.timeout:
+                    if self._expired():
+                        return
+                    continue
+                if not head:
+                    raise WireProtocolError("closed by the node")
+                self._sock.settimeout(max(0.01, self._wait(idle=CONNECT_TIMEOUT)))
+                length, rid, code = FRAME.unpack(recv_exact(self._sock, FRAME.size))
+                body = recv_exact(self._sock, length)
+                self._answer(rid, code, body)
+        except socket.timeout:
+            self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} stopped answering mid-frame")
+        except (OSError, WireProtocolError) as e:
+            self._close(grpc.StatusCode.UNAVAILABLE, f"produce connection to {self.address}: {e}")
+
+    def _wait(self, idle: float = 1.0) -> float:
+        with self._lock:
+            if not self._pending:
+                return idle
+            return max(0.001, min(d for _, d in self._pending.values()) - time.monotonic())
+
+    def _expired(self) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            if not any(d <= now for _, d in self._pending.values()):
+                return False
+        self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} did not answer in time")
+        return True
+
+    def _answer(self, rid: int, code: int, body: bytearray) -> None:
+        if rid == 0:        # the node closes the connection after this
+            raise WireProtocolError(body.decode(errors="replace"))
+        with self._lock:
+            fut, _ = self._pending.pop(rid, (None, 0.0))
+        if fut is None:
+            return
+        if code:
+            fut.set_exception(WireCallError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+                                            body.decode(errors="replace")))
+            return
+        try:
+            fut.set_result(rmq_pb2.ProduceBatchesResponse.FromString(bytes(body)))
+        except Exception as e:             # a garbled answer: this request is lost, not the others
+            fut.set_exception(WireCallError(grpc.StatusCode.UNAVAILABLE, f"bad answer from {self.address}: {e}"))
+
+    def _close(self, code: grpc.StatusCode, why: str) -> None:
+        with self._lock:
+            self._close_locked(code, why)
+
+    def _close_locked(self, code: grpc.StatusCode, why: str) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        pending, self._pending = self._pending, {}
+        for fut, _ in pending.values():
+            fut.set_exception(WireCallError(code, why))
+
+    def close(self) -> None:
+        self._close(grpc.StatusCode.CANCELLED, "client closed")
+
+
+class ProduceTransport:
+    """``ProduceBatches`` to one node over its produce port, else over gRPC."""
+
+    def __init__(self, address: str, fallback: Callable[..., grpc.Future], max_connections: int = 2):
+        self.address = address
+        self._fallback = fallback
+        self.max_connections = max_connections
+        self._lock = threading.Lock()
+        self._conns: list[_Connection] = []
+        self._fallback_until = 0.0
+
+    def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float):
+        if time.monotonic() < self._fallback_until:
+            return self._fallback(request, timeout=timeout)
+        try:
+            conn = self._connection(timeout)
+        except ConnectionRefusedError:
+            log.info("produce port %s refused the connection: ProduceBatches over gRPC for %.0f s",
+                     self.address, FALLBACK_SECONDS)
+            self._fallback_until = time.monotonic() + FALLBACK_SECONDS
+            return self._fallback(request, timeout=timeout)
+        except (OSError, WireProtocolError) as e:
+            return _failed(grpc.StatusCode.UNAVAILABLE, f"produce port {self.address}: {e}")
+        try:
+            return conn.call(request.SerializeToString(), timeout)
+        except OSError as e:
+            return _failed(grpc.StatusCode.UNAVAILABLE, f"produce port {self.address}: {e}")
+
+    def _connection(self, timeout: float) -> _Connection:
+        with self._lock:
+            self._conns = [c for c in self._conns if not c.closed]
+            idle = [c for c in self._conns if not c.in_flight]
+            if idle or len(self._conns) >= self.max_connections:
+                return idle[0] if idle else min(self._conns, key=lambda c: c.in_flight)
+        conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)))
+        with self._lock:
+            self._conns.append(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+
+
+def _failed(code: grpc.StatusCode, why: str) -> Future:
+    fut: Future = Future()
+    fut.set_exception(WireCallError(code, why))
+    return fut

@@ -1,0 +1,296 @@
+"""The produce port (storage_service.producewire): ProduceBatches over plain TCP
+frames, against a real 3-node cluster, and the client's transport for it."""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import grpc
+import pytest
+
+from rmq_spark.client import Client
+from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
+from rmq_spark.client.errors import InvalidArgument, NotFound
+from storage_service.producewire import (FRAME, HELLO, METHOD_PRODUCE_BATCHES, MAX_FRAME,
+                                         ProduceWireServer, WireProtocolError, hello, recv_exact)
+from storage_service.proto import rmq_pb2
+from storage_service.records import encode
+from storage_service.routing import produce_address
+from storage_service.service import _produce_server
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def _port_of(cluster, node: int = 0) -> tuple[str, int]:
+    host, port = produce_address(cluster.addresses[node], cluster.groups).rsplit(":", 1)
+    return host, int(port)
+
+
+def _leader_of(client, topic: str, queue: int) -> int:
+    """Index of the node leading the queue's group."""
+    g = client.group_of(topic, queue)
+    for n in client.cluster_status()["nodes"]:
+        for st in n["groups"]:
+            if st["group"] == g and st["leader"]:
+                return client.endpoints.index(st["leader"])
+    raise AssertionError(f"group {g} has no leader")
+
+
+def _connect(cluster, node: int = 0) -> socket.socket:
+    s = socket.create_connection(_port_of(cluster, node), timeout=10)
+    s.sendall(hello())
+    assert HELLO.unpack(recv_exact(s, HELLO.size))[0] == b"RMQP"
+    return s
+
+
+def _call(s: socket.socket, body: bytes, method: int = METHOD_PRODUCE_BATCHES, rid: int = 7):
+    s.sendall(FRAME.pack(len(body), rid, method) + body)
+    length, got_rid, code = FRAME.unpack(recv_exact(s, FRAME.size))
+    return got_rid, code, bytes(recv_exact(s, length))
+
+
+def _batch(topic: str, queue: int, values: list[bytes], **kw) -> rmq_pb2.ProduceRequest:
+    return rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=encode(values), count=len(values), **kw)
+
+
+def _closed(s: socket.socket) -> bool:
+    s.settimeout(10)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+# ------------------------------------------------------------- the client path
+def test_produce_batches_goes_over_the_produce_port(cluster, client, topic):
+    res = client.produce_batches([(topic, q, [f"v{q}".encode()]) for q in range(4)])
+    assert [(r.queue, r.base_offset, r.count) for r in res] == [(q, 0, 1) for q in range(4)]
+    conns = [c for t in client._transports for c in t._conns if not c.closed]
+    assert conns, "no produce-port connection was opened"
+    for q in range(4):
+        assert [r.value for r in client.fetch(topic, q, 0).records] == [f"v{q}".encode()]
+
+
+def test_both_transports_store_the_same_batches(cluster, topic):
+    """The same calls over the produce port and over gRPC give the same offsets
+    and records; gRPC-only clients open no produce connection."""
+    got = {}
+    for wire in (True, False):
+        with Client(cluster.endpoints, timeout=30, produce_port=wire) as c:
+            got[wire] = [(r.queue, r.base_offset, r.count) for r in c.produce_batches(
+                [(topic, q, [f"{wire}-{q}-{i}".encode() for i in range(5)]) for q in range(4)])]
+            assert bool(c._transports) == wire
+    assert got[True] == [(q, 0, 5) for q in range(4)]
+    assert got[False] == [(q, 5, 5) for q in range(4)]
+
+
+def test_a_retry_with_the_same_identity_is_applied_once(client, topic):
+    first = client.produce_batches([(topic, 1, [b"a", b"b"], "wire-retry", 0)])
+    again = client.produce_batches([(topic, 1, [b"a", b"b"], "wire-retry", 0)])
+    assert (first[0].base_offset, first[0].duplicate) == (0, False)
+    assert (again[0].base_offset, again[0].duplicate) == (0, True)
+    assert client.offsets(topic)[1].latest == 2
+    with pytest.raises(ValueError, match="producer_id, sequence"):
+        client.produce_batches([(topic, 1, [b"x"], "only-an-id")])
+
+
+def test_per_batch_errors_come_back_as_over_grpc(client, topic):
+    with pytest.raises(NotFound, match="no-such-topic"):
+        client.produce_batches([("no-such-topic", 0, [b"x"])])
+    with pytest.raises(InvalidArgument, match="queue 9"):
+        client.produce_batches([(topic, 9, [b"x"])])
+    assert all(o.latest == 0 for o in client.offsets(topic))
+
+
+# --------------------------------------------------------- bad input, raw socket
+def test_a_request_with_no_batches_is_invalid_and_the_connection_goes_on(cluster, client, topic):
+    q = 0
+    with _connect(cluster, _leader_of(client, topic, q)) as s:
+        rid, code, body = _call(s, rmq_pb2.ProduceBatchesRequest().SerializeToString())
+        assert (rid, code) == (7, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        assert b"batches is empty" in body
+        rid, code, body = _call(s, b"\xff\xff\xff garbage", rid=8)
+        assert (rid, code) == (8, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        assert b"not a ProduceBatchesRequest" in body
+        rid, code, body = _call(s, b"", method=99, rid=9)
+        assert (rid, code) == (9, grpc.StatusCode.UNIMPLEMENTED.value[0])
+        assert b"method 99" in body and b"ProduceBatches" in body
+        assert all(o.latest == 0 for o in client.offsets(topic))      # nothing changed
+        # the same connection still produces
+        req = rmq_pb2.ProduceBatchesRequest(batches=[_batch(topic, q, [b"ok"])])
+        rid, code, body = _call(s, req.SerializeToString(), rid=10)
+        assert (rid, code) == (10, 0)
+        out = rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes
+        assert [(o.code, o.result.base_offset, o.result.count) for o in out] == [(0, 0, 1)]
+
+
+def test_a_not_leader_batch_names_the_leader(cluster, client, topic):
+    q = 2
+    follower = (_leader_of(client, topic, q) + 1) % cluster.nodes
+    with _connect(cluster, follower) as s:
+        req = rmq_pb2.ProduceBatchesRequest(batches=[_batch(topic, q, [b"x"])])
+        _, code, body = _call(s, req.SerializeToString())
+    out = rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes[0]
+    assert code == 0 and out.code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert out.leader == cluster.addresses[_leader_of(client, topic, q)]
+
+
+@pytest.mark.parametrize("what", ["hello", "length"])
+def test_a_stream_that_is_not_ours_gets_an_error_and_is_closed(cluster, client, what):
+    s = socket.create_connection(_port_of(cluster), timeout=10)
+    with s:
+        if what == "hello":
+            s.sendall(b"PRI * HTTP/2.0\r\n")                        # e.g. a gRPC client
+            want, text = grpc.StatusCode.INVALID_ARGUMENT, b"not an rmq produce stream"
+        else:
+            s.sendall(hello())
+            recv_exact(s, HELLO.size)
+            s.sendall(FRAME.pack(MAX_FRAME + 1, 5, METHOD_PRODUCE_BATCHES))
+            want, text = grpc.StatusCode.RESOURCE_EXHAUSTED, b"the limit is"
+        length, rid, code = FRAME.unpack(recv_exact(s, FRAME.size))
+        assert (rid, code) == (0, want.value[0])
+        assert text in bytes(recv_exact(s, length))
+        assert _closed(s)
+    assert client.health(cluster.addresses[0])["serving"]
+
+
+def test_a_client_gone_mid_frame_leaves_the_node_serving(cluster, client, topic):
+    for cut in (2, FRAME.size + 3):
+        s = socket.create_connection(_port_of(cluster), timeout=10)
+        s.sendall(hello())
+        recv_exact(s, HELLO.size)
+        body = rmq_pb2.ProduceBatchesRequest(batches=[_batch(topic, 3, [b"half"])]).SerializeToString()
+        s.sendall((FRAME.pack(len(body), 1, METHOD_PRODUCE_BATCHES) + body)[:cut])
+        s.close()
+    assert client.produce_batches([(topic, 3, [b"whole"])])[0].base_offset == 0
+    assert [r.value for r in client.fetch(topic, 3, 0).records] == [b"whole"]
+
+
+# ------------------------------------------------------------ transport faults
+class _Recorder:
+    """Stands in for gRPC's ProduceBatches.future: records that it was asked."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, request, timeout=None):
+        self.calls.append(len(request.batches))
+        fut = __import__("concurrent.futures").futures.Future()
+        fut.set_result(rmq_pb2.ProduceBatchesResponse())
+        return fut
+
+
+def _unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_node_without_a_produce_port_is_asked_over_grpc():
+    grpc_call = _Recorder()
+    t = ProduceTransport(f"127.0.0.1:{_unused_port()}", fallback=grpc_call)
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
+    assert t.future(req, timeout=5).result(5) == rmq_pb2.ProduceBatchesResponse()
+    t.future(req, timeout=5).result(5)          # remembered: not tried again at once
+    assert grpc_call.calls == [1, 1]
+    t.close()
+
+
+def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
+    """A paused node accepts connections (the kernel does) but answers nothing:
+    the call fails with DEADLINE_EXCEEDED at its deadline, and the connection
+    is dropped so the next call starts afresh."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    conns = []
+
+    def accept():
+        c, _ = srv.accept()
+        conns.append(c)
+        recv_exact(c, HELLO.size)
+        c.sendall(hello())                       # then silence
+
+    threading.Thread(target=accept, daemon=True).start()
+    t = ProduceTransport(f"127.0.0.1:{srv.getsockname()[1]}", fallback=_Recorder())
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
+    t0 = time.monotonic()
+    fut = t.future(req, timeout=0.5)
+    with pytest.raises(WireCallError) as e:
+        fut.result(10)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert all(c.closed for c in t._conns)
+    t.close()
+    srv.close()
+    for c in conns:
+        c.close()
+
+
+def test_a_produce_port_that_cannot_be_bound_leaves_the_node_on_grpc(cluster, caplog):
+    host, port = _port_of(cluster, 1)            # taken: node 1 serves it
+    assert _produce_server(lambda request: None, f"{host}:{port}") is None
+    assert "not served" in caplog.text and "over gRPC" in caplog.text
+
+
+def test_frame_header_layout():
+    """u32 length | u32 request id | u32 code, little-endian (the docstring's layout)."""
+    assert FRAME.pack(3, 2, 1) == struct.pack("<III", 3, 2, 1)
+    assert hello() == b"RMQP\x01\x00\x00\x00"
+
+
+def test_connections_past_the_limit_are_refused_with_resource_exhausted():
+    """A produce server that takes 2 connections (what it answers is not under test here)."""
+    srv = ProduceWireServer(lambda req: rmq_pb2.ProduceBatchesResponse(), "127.0.0.1", 0,
+                            max_connections=2)
+    host, port = srv.address.rsplit(":", 1)
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(hello())
+            recv_exact(s, HELLO.size)               # both admitted
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            length, rid, code = FRAME.unpack(recv_exact(extra, FRAME.size))
+            assert (rid, code) == (0, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+            assert b"the limit is 2" in bytes(recv_exact(extra, length))
+            assert _closed(extra)
+        held.pop().close()                         # a slot frees up
+        def admitted():
+            try:
+                with _connect_to(host, int(port)):
+                    return True
+            except (AssertionError, OSError, WireProtocolError):
+                return False
+        wait_until(admitted, timeout=10, what="a new connection admitted")
+    finally:
+        for s in held:
+            s.close()
+        srv.stop()
+
+
+def _connect_to(host: str, port: int) -> socket.socket:
+    s = socket.create_connection((host, port), timeout=10)
+    s.sendall(hello())
+    got = bytes(recv_exact(s, HELLO.size))
+    assert got[:4] == b"RMQP", got
+    return s
+
+
+def test_recv_exact_reassembles_a_frame_sent_in_pieces_past_its_first_buffer():
+    a, b = socket.socketpair()
+    payload = bytes(range(256)) * (3 * 4096 + 1)       # ~3 MiB: two growth steps
+    def send():
+        for i in range(0, len(payload), 100_003):
+            a.sendall(payload[i:i + 100_003])
+        a.close()
+    t = threading.Thread(target=send)
+    t.start()
+    try:
+        assert recv_exact(b, len(payload)) == payload
+        with pytest.raises(WireProtocolError, match="closed after 0 of 10"):
+            recv_exact(b, 10)
+    finally:
+        t.join()
+        b.close()
