@@ -16,15 +16,16 @@ once replicated):
 2. rmq-spark 3-node, batch=100 - the same with 100 messages per call.
 3. rmq-spark 3-node, batch=100 x 8 queues - each call is
    ``Client.produce_batches`` with one batch of 100 for each of the 8 queues:
-   one RPC per leader node, as Kafka's producer sends one request per broker
-   holding a batch per partition.
+   one request per leader node, as Kafka's producer sends one request per
+   broker holding a batch per partition, over the nodes' produce port
+   (``storage_service/producewire.py``); then the same calls over gRPC.
 4. NATS JetStream R3 (file storage, 3 local ``nats-server``), nats-py async
    publish for the rate, synchronous ``js.publish`` for the latency.
 5. pysyncobj 0.3.17 raw replicated append: 3 nodes in 3 processes, journal
    on, 5 ms ticks, commands of 100 messages; what is left for a
    pysyncobj-based log before it does any storage work.
 
-Rows 1-4 are measured ``--rounds`` times (rmq-spark and NATS taking turns)
+Rows 1-4 (and 3's gRPC twin) are measured ``--rounds`` times (rmq-spark and NATS taking turns)
 and the table shows medians. MB = 10^6 bytes of message values; progress
 goes to stderr, the table to stdout. Values are incompressible by default (``--payload``): pysyncobj's
 transport zlib-compresses every message, so compressible ones flatter it.
@@ -70,6 +71,8 @@ VERDICT = {None: "n/a", True: "MET", False: "NOT MET"}
 RMQ_B1 = "rmq-spark 3-node, batch=1"
 RMQ_B100 = "rmq-spark 3-node, batch=100"
 RMQ_B100X8 = "rmq-spark 3-node, batch=100 x 8 queues/call"
+RMQ_B100X8_GRPC = "  the same over gRPC (no produce port)"
+RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC)
 NATS = "NATS JetStream R3, async publish (nats-py)"
 CEILING = "pysyncobj raw replicated append (ceiling)"
 CEILING_FAST = "pysyncobj raw append, rmq wire (ceiling)"
@@ -262,33 +265,38 @@ def rmq_latency(client, values: list[bytes], batch: int, per_queue: bool,
 
 
 def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
-    """Rows 1 and 2 on a real LocalCluster; "n/a" rows if it cannot run."""
+    """The rmq-spark rows on a real LocalCluster; "n/a" rows if it cannot run.
+
+    ``produce_batches`` goes over the nodes' produce port; the last row sends
+    the same calls over gRPC (a second client, same cluster, measured after
+    the produce-port row) to show what the port is worth.
+    """
     try:
         from rmq_spark.client import Client
         from storage_service.local import LocalCluster
     except ImportError as e:
         log.warning("rmq-spark rows skipped: %s", e)
-        return [Row(n, note=f"n/a: {e}") for n in (RMQ_B1, RMQ_B100, RMQ_B100X8)]
+        return [Row(n, note=f"n/a: {e}") for n in RMQ_ROWS]
     rows = []
     log.info("starting rmq-spark LocalCluster (3 nodes, 4 groups)")
     try:
-        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster:
-            with Client(cluster.endpoints) as client:
-                client.create_topic(TOPIC, queues=QUEUES)
-                for name, batch, per_queue in ((RMQ_B1, 1, False), (RMQ_B100, 100, False),
-                                               (RMQ_B100X8, 100, True)):
-                    rate, cpu = rmq_throughput(client, values, batch, per_queue, args.threads,
-                                               args.seconds, args.warmup,
-                                               [p.pid for p in cluster.procs if p])
-                    p50, p99 = percentiles_ms(rmq_latency(client, values, batch, per_queue,
-                                                          args.seconds))
-                    rows.append(Row(name, rate, p50, p99,
-                                    f"{args.threads} threads; p50/p99: sequential calls", cpu))
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
+                Client(cluster.endpoints) as client, \
+                Client(cluster.endpoints, produce_port=False) as grpc_client:
+            client.create_topic(TOPIC, queues=QUEUES)
+            for name, c, batch, per_queue in ((RMQ_B1, client, 1, False), (RMQ_B100, client, 100, False),
+                                              (RMQ_B100X8, client, 100, True),
+                                              (RMQ_B100X8_GRPC, grpc_client, 100, True)):
+                rate, cpu = rmq_throughput(c, values, batch, per_queue, args.threads,
+                                           args.seconds, args.warmup,
+                                           [p.pid for p in cluster.procs if p])
+                p50, p99 = percentiles_ms(rmq_latency(c, values, batch, per_queue, args.seconds))
+                rows.append(Row(name, rate, p50, p99,
+                                f"{args.threads} threads; p50/p99: sequential calls", cpu))
     except Exception as e:  # still measure the peers; the error is printed
         log.exception("rmq-spark benchmark failed")
         done = {r.name for r in rows}
-        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200])
-                 for n in (RMQ_B1, RMQ_B100, RMQ_B100X8) if n not in done]
+        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in RMQ_ROWS if n not in done]
     return rows
 
 
@@ -475,12 +483,14 @@ def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
 
 def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
     nats, b1, b100 = by_name[NATS], by_name[RMQ_B1], by_name[RMQ_B100]
-    b100x8 = by_name[RMQ_B100X8]
+    b100x8, over_grpc = by_name[RMQ_B100X8], by_name[RMQ_B100X8_GRPC]
     pairs = {f"{RMQ_B1}: msgs/s / NATS": (b1.msgs_per_s, nats.msgs_per_s),
              f"{RMQ_B100}: msgs/s / NATS": (b100.msgs_per_s, nats.msgs_per_s),
              f"{RMQ_B100X8}: msgs/s / NATS": (b100x8.msgs_per_s, nats.msgs_per_s),
              f"{RMQ_B1}: p50 / NATS sync p50": (b1.p50_ms, nats.p50_ms),
-             f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms)}
+             f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms),
+             "8 queues/call: produce port / gRPC msgs/s": (b100x8.msgs_per_s, over_grpc.msgs_per_s),
+             "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us)}
     return {k: None if a is None or not b else a / b for k, (a, b) in pairs.items()}
 
 
@@ -489,7 +499,7 @@ def print_report(rows: list[Row], targets: list[dict[str, Any]],
     print(f"\nproduce benchmark: {size_name()} {args.payload} values, {args.seconds:g} s per phase "
           f"(+{args.warmup:g} s warm-up), {args.rounds} round(s), {os.cpu_count()} cores\n")
     print(render_table(rows))
-    print("\nours / NATS (throughput: higher is better; latency: lower is better)")
+    print("\nratios (ours / NATS, produce port / gRPC; throughput: higher is better, latency and CPU: lower)")
     width = max(len(k) for k in ratio_map)
     for key, value in ratio_map.items():
         print(f"  {key:<{width}}  {_fmt(value, '.2f')}")
@@ -637,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     per_round = [ratios({r.name: r for r in rs}) for rs in rounds]
     if len(rounds) > 1:
         print("\nper round (msgs/s, and x NATS)")
-        for name in (RMQ_B100, RMQ_B100X8, NATS):
+        for name in (RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC, NATS):
             cells = []
             for rs, rm in zip(rounds, per_round):
                 row = next(r for r in rs if r.name == name)
