@@ -73,6 +73,7 @@ RMQ_B100 = "rmq-spark 3-node, batch=100"
 RMQ_B100X8 = "rmq-spark 3-node, batch=100 x 8 queues/call"
 RMQ_B100X8_GRPC = "  the same over gRPC (no produce port)"
 RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC)
+PORT_VS_GRPC = "8 queues/call: produce port / gRPC msgs/s"
 NATS = "NATS JetStream R3, async publish (nats-py)"
 CEILING = "pysyncobj raw replicated append (ceiling)"
 CEILING_FAST = "pysyncobj raw append, rmq wire (ceiling)"
@@ -264,12 +265,15 @@ def rmq_latency(client, values: list[bytes], batch: int, per_queue: bool,
     return lat
 
 
-def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
+                grpc_first: bool = False) -> list[Row]:
     """The rmq-spark rows on a real LocalCluster; "n/a" rows if it cannot run.
 
     ``produce_batches`` goes over the nodes' produce port; the last row sends
-    the same calls over gRPC (a second client, same cluster, measured after
-    the produce-port row) to show what the port is worth.
+    the same calls over gRPC (a second client on the same cluster, so the same
+    raft leaders) to show what the port is worth. Whichever of the two runs
+    second finds a warmer cluster, so ``grpc_first`` swaps them (run_all
+    alternates it by round). Rows come back in ``RMQ_ROWS`` order.
     """
     try:
         from rmq_spark.client import Client
@@ -284,9 +288,9 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str) -> lis
                 Client(cluster.endpoints) as client, \
                 Client(cluster.endpoints, produce_port=False) as grpc_client:
             client.create_topic(TOPIC, queues=QUEUES)
-            for name, c, batch, per_queue in ((RMQ_B1, client, 1, False), (RMQ_B100, client, 100, False),
-                                              (RMQ_B100X8, client, 100, True),
-                                              (RMQ_B100X8_GRPC, grpc_client, 100, True)):
+            batched = [(RMQ_B100X8, client, 100, True), (RMQ_B100X8_GRPC, grpc_client, 100, True)]
+            for name, c, batch, per_queue in [(RMQ_B1, client, 1, False), (RMQ_B100, client, 100, False),
+                                              *(batched[::-1] if grpc_first else batched)]:
                 rate, cpu = rmq_throughput(c, values, batch, per_queue, args.threads,
                                            args.seconds, args.warmup,
                                            [p.pid for p in cluster.procs if p])
@@ -297,7 +301,7 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str) -> lis
         log.exception("rmq-spark benchmark failed")
         done = {r.name for r in rows}
         rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in RMQ_ROWS if n not in done]
-    return rows
+    return sorted(rows, key=lambda r: RMQ_ROWS.index(r.name))
 
 
 # ---- peers -----------------------------------------------------------------
@@ -489,7 +493,7 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              f"{RMQ_B100X8}: msgs/s / NATS": (b100x8.msgs_per_s, nats.msgs_per_s),
              f"{RMQ_B1}: p50 / NATS sync p50": (b1.p50_ms, nats.p50_ms),
              f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms),
-             "8 queues/call: produce port / gRPC msgs/s": (b100x8.msgs_per_s, over_grpc.msgs_per_s),
+             PORT_VS_GRPC: (b100x8.msgs_per_s, over_grpc.msgs_per_s),
              "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us)}
     return {k: None if a is None or not b else a / b for k, (a, b) in pairs.items()}
 
@@ -553,7 +557,7 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], l
             log.info("round %d of %d", r + 1, args.rounds)
             sub = os.path.join(root, f"round-{r}")
             settle()
-            rows = measure_rmq(args, values, os.path.join(sub, "rmq"))
+            rows = measure_rmq(args, values, os.path.join(sub, "rmq"), grpc_first=bool(r % 2))
             settle(os.path.join(sub, "rmq"))
             if args.skip_nats:
                 rows.append(Row(NATS, note="skipped (--skip-nats)"))
@@ -654,6 +658,11 @@ def main(argv: list[str] | None = None) -> int:
                 x = rm.get(f"{name}: msgs/s / NATS")
                 cells.append(_fmt(row.msgs_per_s, ",.0f") + (f" ({x:.2f}x)" if x else ""))
             print(f"  {name:<44} " + "  ".join(cells))
+        paired = [rm.get(PORT_VS_GRPC) for rm in per_round]
+        if all(paired):
+            print(f"  {'produce port / gRPC, same cluster (paired)':<44} "
+                  + "  ".join(f"{x:.2f}x" for x in paired)
+                  + f"   median {statistics.median(paired):.2f}x")
     if args.json:
         write_json(args.json, args, env, rows, targets, ratio_map,
                    [[r.as_dict() for r in rs] for rs in rounds])
