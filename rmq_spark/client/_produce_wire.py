@@ -17,6 +17,7 @@ node): the next request opens a new one.
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -25,8 +26,8 @@ from typing import Callable
 
 import grpc
 
-from storage_service.producewire import (FRAME, HELLO, METHOD_PRODUCE_BATCHES, WireProtocolError,
-                                         check_hello, hello, recv_exact, send_frame)
+from storage_service.producewire import (FRAME, HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES,
+                                         WireProtocolError, check_hello, hello, recv_exact)
 from storage_service.proto import rmq_pb2
 
 __all__ = ["ProduceTransport", "WireCallError"]
@@ -55,7 +56,14 @@ class WireCallError(grpc.RpcError):
 
 
 class _Connection:
-    """One produce-port connection: requests by id, answered by a reader thread."""
+    """One produce-port connection: requests by id, answered by a reader thread.
+
+    The socket is non-blocking and every wait is a ``poll`` with the
+    request's own deadline: callers' sends and the reader share no socket
+    timeout (with one, a reader's short wait could cut a caller's big send).
+    A frame half sent or half read leaves the stream unusable: the
+    connection closes and fails everything in flight on it.
+    """
 
     def __init__(self, address: str, timeout: float):
         host, port = address.rsplit(":", 1)
@@ -65,6 +73,7 @@ class _Connection:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.sendall(hello())
             check_hello(recv_exact(self._sock, HELLO.size))
+            self._sock.setblocking(False)
         except BaseException:
             self._sock.close()
             raise
@@ -81,46 +90,86 @@ class _Connection:
 
     def call(self, body: bytes, timeout: float) -> Future:
         fut: Future = Future()
+        deadline = time.monotonic() + timeout
         with self._lock:
             if self.closed:
                 raise OSError(f"produce connection to {self.address} is closed")
             self._next_id = self._next_id % 0xFFFFFFFF + 1      # 0 is for connection errors
             rid = self._next_id
-            self._pending[rid] = (fut, time.monotonic() + timeout)
+            self._pending[rid] = (fut, deadline)
             try:
-                send_frame(self._sock, rid, METHOD_PRODUCE_BATCHES, body)
+                self._send(FRAME.pack(len(body), rid, METHOD_PRODUCE_BATCHES), body, deadline)
+                return fut
             except OSError as e:
                 self._pending.pop(rid, None)
-                self._close_locked(grpc.StatusCode.UNAVAILABLE, f"send to {self.address} failed: {e}")
-                raise
-        return fut
+                error = e
+                failed = self._shut_locked()
+        _fail(failed, grpc.StatusCode.UNAVAILABLE, f"send to {self.address} failed: {error}")
+        raise error
+
+    def _send(self, head: bytes, body: bytes, deadline: float) -> None:
+        parts = [memoryview(head), memoryview(body)]
+        poller = select.poll()
+        poller.register(self._sock, select.POLLOUT)
+        while parts:
+            try:
+                sent = self._sock.sendmsg(parts)
+            except BlockingIOError:
+                sent = 0
+            while sent and parts:
+                if sent >= len(parts[0]):
+                    sent -= len(parts.pop(0))
+                else:
+                    parts[0], sent = parts[0][sent:], 0
+            if parts:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the node took nothing more before the call's deadline")
+                poller.poll(left * 1000)
 
     def _read(self) -> None:
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        buf = bytearray()
         try:
-            while True:
-                self._sock.settimeout(self._wait())
-                try:
-                    head = self._sock.recv(FRAME.size, socket.MSG_PEEK)
-                except socket.timeout:
-                    if self._expired():
-                        return
-                    continue
-                if not head:
-                    raise WireProtocolError("closed by the node")
-                self._sock.settimeout(max(0.01, self._wait(idle=CONNECT_TIMEOUT)))
-                length, rid, code = FRAME.unpack(recv_exact(self._sock, FRAME.size))
-                body = recv_exact(self._sock, length)
-                self._answer(rid, code, body)
-        except socket.timeout:
-            self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} stopped answering mid-frame")
+            while not self.closed:
+                ready = poller.poll(self._wait() * 1000)
+                if ready:
+                    try:
+                        chunk = self._sock.recv(1 << 16)
+                    except BlockingIOError:
+                        chunk = None
+                    if chunk == b"":
+                        raise WireProtocolError("closed by the node")
+                    buf += chunk or b""
+                    buf = self._frames(buf)
+                if self._expired():
+                    return
         except (OSError, WireProtocolError) as e:
             self._close(grpc.StatusCode.UNAVAILABLE, f"produce connection to {self.address}: {e}")
+        finally:
+            self._sock.close()             # only here: no other thread polls it after a shutdown
 
-    def _wait(self, idle: float = 1.0) -> float:
+    def _frames(self, buf: bytearray) -> bytearray:
+        """Answer every whole frame at the start of ``buf``; return the rest."""
+        pos = 0
+        while len(buf) - pos >= FRAME.size:
+            length, rid, code = FRAME.unpack_from(buf, pos)
+            if length > MAX_FRAME:
+                raise WireProtocolError(f"answer of {length} bytes; the limit is {MAX_FRAME}")
+            if len(buf) - pos - FRAME.size < length:
+                break
+            self._answer(rid, code, bytes(buf[pos + FRAME.size:pos + FRAME.size + length]))
+            pos += FRAME.size + length
+        del buf[:pos]
+        return buf
+
+    def _wait(self) -> float:
+        """Seconds until the earliest deadline in flight (1 s when idle)."""
         with self._lock:
             if not self._pending:
-                return idle
-            return max(0.001, min(d for _, d in self._pending.values()) - time.monotonic())
+                return 1.0
+            return max(0.0, min(d for _, d in self._pending.values()) - time.monotonic())
 
     def _expired(self) -> bool:
         now = time.monotonic()
@@ -130,7 +179,7 @@ class _Connection:
         self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} did not answer in time")
         return True
 
-    def _answer(self, rid: int, code: int, body: bytearray) -> None:
+    def _answer(self, rid: int, code: int, body: bytes) -> None:
         if rid == 0:        # the node closes the connection after this
             raise WireProtocolError(body.decode(errors="replace"))
         with self._lock:
@@ -142,28 +191,34 @@ class _Connection:
                                             body.decode(errors="replace")))
             return
         try:
-            fut.set_result(rmq_pb2.ProduceBatchesResponse.FromString(bytes(body)))
+            fut.set_result(rmq_pb2.ProduceBatchesResponse.FromString(body))
         except Exception as e:             # a garbled answer: this request is lost, not the others
             fut.set_exception(WireCallError(grpc.StatusCode.UNAVAILABLE, f"bad answer from {self.address}: {e}"))
 
-    def _close(self, code: grpc.StatusCode, why: str) -> None:
-        with self._lock:
-            self._close_locked(code, why)
-
-    def _close_locked(self, code: grpc.StatusCode, why: str) -> None:
+    def _shut_locked(self) -> list[Future]:
+        """Mark closed and wake the reader (which closes the socket); the futures
+        in flight, to fail once the lock is released (their callbacks may send)."""
         if not self.closed:
             self.closed = True
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            self._sock.close()
         pending, self._pending = self._pending, {}
-        for fut, _ in pending.values():
-            fut.set_exception(WireCallError(code, why))
+        return [fut for fut, _ in pending.values()]
+
+    def _close(self, code: grpc.StatusCode, why: str) -> None:
+        with self._lock:
+            failed = self._shut_locked()
+        _fail(failed, code, why)
 
     def close(self) -> None:
         self._close(grpc.StatusCode.CANCELLED, "client closed")
+
+
+def _fail(futures: list[Future], code: grpc.StatusCode, why: str) -> None:
+    for fut in futures:
+        fut.set_exception(WireCallError(code, why))
 
 
 class ProduceTransport:
