@@ -266,6 +266,7 @@ class QueueLog:
 
     def _open_writer(self) -> None:
         self._close_writer()
+        self._uncached = 0        # a new active segment: nothing of it dropped yet
         seg = self.segments[-1]
         self._wfd = os.open(seg.file("log"), os.O_WRONLY | os.O_APPEND)
         # The index files stay open too: opening them per batch was a visible
@@ -399,10 +400,9 @@ class QueueLog:
     def _roll(self) -> None:
         self.sync()
         if self.fsync_enabled:    # a sealed segment is read rarely: all of it leaves the cache
-            _drop_pages(self._wfd, self._uncached, 0)
+            _drop_pages(self._wfd, 0, 0)
         self._new_segment(self.next_offset)
         self._open_writer()
-        self._uncached = 0
 
     def sync(self) -> None:
         if self._dirty and self._wfd is not None:
@@ -439,7 +439,9 @@ class QueueLog:
     def _claim_uncached(self, synced: int) -> tuple[int, int] | None:
         """The active segment's range to drop from the page cache once ``synced``
         bytes of it are on disk: all but the last ``cache_bytes`` (lock held)."""
-        end = synced - self.cache_bytes
+        # Whole pages only: the kernel keeps a page the range covers in part, and
+        # the next claim would start inside it, so a slow queue's pages stayed.
+        end = (synced - self.cache_bytes) // mmap.PAGESIZE * mmap.PAGESIZE
         if end <= self._uncached:
             return None
         start, self._uncached = self._uncached, end

@@ -565,3 +565,29 @@ def test_a_roll_during_sync_behind_drops_nothing_of_the_new_segment(qpath, monke
 def mmap_page() -> int:
     import mmap
     return mmap.PAGESIZE
+
+
+@needs_linux
+def test_a_slow_queue_synced_a_little_at_a_time_still_leaves_the_page_cache(qpath):
+    """Each sync adds less than a page: the ranges dropped must still cover
+    whole pages (the kernel keeps a page a range covers in part)."""
+    q = QueueLog(qpath, fsync=True, cache_bytes=0)
+    for _ in range(200):                              # ~200 x 300 B, a sync after each
+        _append_big(q, 1, size=300)
+        q.sync_behind()
+    path = q.segments[-1].file("log")
+    assert os.path.getsize(path) > 12 * mmap_page()
+    assert _cached_bytes(path) <= mmap_page()         # at most the page still being filled
+
+
+@needs_linux
+def test_reset_starts_the_new_active_segment_with_nothing_dropped(qpath):
+    q = QueueLog(qpath, fsync=True, cache_bytes=0)
+    _append_big(q, 16)
+    q.sync_behind()
+    assert q._uncached > 0
+    q.reset(1000)                                     # e.g. a snapshot install
+    assert q._uncached == 0
+    _append_big(q, 16)                                # ~1 MiB in the new segment
+    q.sync_behind()
+    assert _cached_bytes(q.segments[-1].file("log")) <= mmap_page()
