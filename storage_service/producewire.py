@@ -24,8 +24,9 @@ errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
 hello that does not match is answered with an error frame (request id 0) and
 the connection is closed: after a bad length the stream cannot be trusted.
 A node takes at most ``MAX_CONNECTIONS`` at once (more are answered
-RESOURCE_EXHAUSTED and closed), and a frame's buffer grows with the bytes
-that arrive, not with the length announced.
+RESOURCE_EXHAUSTED and closed), closes one that sends nothing for
+``IDLE_SECONDS``, and grows a frame's buffer with the bytes that arrive, not
+with the length announced.
 Requests on one connection are answered in order; a client wanting several
 in flight opens several connections.
 """
@@ -43,7 +44,7 @@ from google.protobuf.message import DecodeError
 from .errors import ServiceError
 from .proto import rmq_pb2
 
-__all__ = ["FRAME", "HELLO", "MAX_CONNECTIONS", "MAX_FRAME", "METHOD_PRODUCE_BATCHES",
+__all__ = ["FRAME", "HELLO", "MAX_CONNECTIONS", "MAX_FRAME", "METHOD_PRODUCE_BATCHES", "PeerClosed",
            "ProduceWireServer", "WireProtocolError", "check_hello", "hello", "recv_exact", "send_frame"]
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ VERSION = 1
 HELLO = struct.Struct("<4sHH")
 FRAME = struct.Struct("<III")
 METHOD_PRODUCE_BATCHES = 1
-MAX_FRAME = 64 << 20        # clients coalesce at most 32 MiB of batches per request
+MAX_FRAME = 128 << 20       # gRPC's message limit (routing.GRPC_OPTIONS)
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
+IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
 
 
 class WireProtocolError(Exception):
@@ -63,6 +65,10 @@ class WireProtocolError(Exception):
     def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
         super().__init__(message)
         self.code = code
+
+
+class PeerClosed(WireProtocolError):
+    """The peer closed the connection before sending any byte of what was read."""
 
 
 def hello() -> bytes:
@@ -90,7 +96,8 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
             buf += bytes(min(len(buf), n - len(buf)))
         k = sock.recv_into(memoryview(buf)[got:])
         if not k:
-            raise WireProtocolError(f"connection closed after {got} of {n} bytes")
+            raise (PeerClosed if not got else WireProtocolError)(
+                f"connection closed after {got} of {n} bytes")
         got += k
     return buf
 
@@ -154,6 +161,7 @@ class ProduceWireServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             check_hello(recv_exact(conn, HELLO.size))
             conn.sendall(hello())
             while True:
@@ -164,11 +172,13 @@ class ProduceWireServer:
                 body = recv_exact(conn, length)
                 code, reply = self._answer(method, body)
                 send_frame(conn, request_id, code, reply)
+        except PeerClosed:
+            pass                             # the client closed between frames
         except WireProtocolError as e:
             log.warning("produce stream from %s: %s; closing it", _peer(conn), e)
             _try_send_error(conn, e.code, str(e))
         except OSError:
-            pass                             # the client went away
+            pass                             # the client went away, or idle past IDLE_SECONDS
         finally:
             with self._lock:
                 self._conns.discard(conn)

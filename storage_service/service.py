@@ -22,7 +22,7 @@ from .fetchwire import encode_fetch_response
 from .localread import host_id
 from .proto import rmq_pb2, rmq_pb2_grpc
 from .producewire import ProduceWireServer
-from .routing import GRPC_OPTIONS, META_GROUP, produce_address
+from .routing import GRPC_OPTIONS, META_GROUP, produce_address, raft_address
 from .tagfilter import filter_batches, parse_tag_expression
 
 __all__ = ["MessageLogService", "Servers", "serve"]
@@ -512,10 +512,15 @@ class Servers:
         self.grpc.stop(grace=grace).wait()
 
 
-def _produce_server(handle, address: str) -> ProduceWireServer | None:
-    """The produce port, or None (with a warning) when it cannot be bound: clients
-    then produce over gRPC (e.g. a cluster laid out by an older version with
-    ``--port``, whose next node's gRPC port is this node's produce port)."""
+def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> ProduceWireServer | None:
+    """The produce port, or None (with a warning) when it is one of the cluster's
+    other ports (``taken``: a cluster laid out by an older version with
+    ``--port``, where it is the next node's gRPC port) or cannot be bound:
+    clients then produce to this node over gRPC."""
+    if address in taken:
+        log.warning("produce port %s not served (another node's gRPC or raft port in this "
+                    "cluster's layout): clients produce over gRPC", address)
+        return None
     host, port = address.rsplit(":", 1)
     try:
         return ProduceWireServer(handle, host, int(port))
@@ -535,6 +540,8 @@ def serve(node: StorageNode, workers: int = 64) -> Servers:
     host, port = node.config.address.rsplit(":", 1)
     server.add_insecure_port(f"{host}:{port}")
     server.start()
-    produce = _produce_server(servicer.produce_batches,
-                              produce_address(node.config.address, node.config.groups))
+    c = node.config
+    taken = {a for a in c.addresses} | {raft_address(a, g) for a in c.addresses
+                                        for g in range(c.groups + 1)}
+    produce = _produce_server(servicer.produce_batches, produce_address(c.address, c.groups), taken)
     return Servers(server, produce)

@@ -294,3 +294,97 @@ def test_recv_exact_reassembles_a_frame_sent_in_pieces_past_its_first_buffer():
     finally:
         t.join()
         b.close()
+
+
+def _serve_once(reply: bytes | None):
+    """A TCP server (not ours) that answers every connection with ``reply``
+    (None: the right hello, then silence); returns (address, accepted sockets)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+
+    def run():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            accepted.append(c)
+            try:
+                if reply is None:
+                    recv_exact(c, HELLO.size)
+                    c.sendall(hello())
+                else:
+                    c.sendall(reply)
+            except (OSError, WireProtocolError):
+                pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return srv, f"127.0.0.1:{srv.getsockname()[1]}", accepted
+
+
+@pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n",        # another server
+                                   FRAME.pack(5, 0, 8) + b"full!"])              # a node at its limit
+def test_a_port_that_does_not_speak_the_protocol_sends_produce_over_grpc(reply):
+    srv, address, accepted = _serve_once(reply)
+    grpc_call = _Recorder()
+    t = ProduceTransport(address, fallback=grpc_call)
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
+    try:
+        assert t.future(req, timeout=5).result(5) == rmq_pb2.ProduceBatchesResponse()
+        t.future(req, timeout=5).result(5)
+        assert grpc_call.calls == [1, 1] and len(accepted) == 1     # not retried at once
+    finally:
+        t.close()
+        srv.close()
+
+
+def test_a_request_bigger_than_a_frame_goes_over_grpc(monkeypatch):
+    import rmq_spark.client._produce_wire as pw
+    monkeypatch.setattr(pw, "MAX_FRAME", 64)
+    srv, address, accepted = _serve_once(None)
+    grpc_call = _Recorder()
+    t = ProduceTransport(address, fallback=grpc_call)
+    try:
+        t.future(rmq_pb2.ProduceBatchesRequest(batches=[_batch("t", 0, [b"x" * 100])]), timeout=5).result(5)
+        assert grpc_call.calls == [1] and accepted == []
+    finally:
+        t.close()
+        srv.close()
+
+
+def test_requests_in_flight_together_get_a_connection_each_and_none_after_close():
+    srv, address, accepted = _serve_once(None)                    # answers nothing
+    t = ProduceTransport(address, fallback=_Recorder(), max_connections=2)
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
+    try:
+        futs = [t.future(req, timeout=30) for _ in range(3)]
+        assert len(accepted) == 2                                  # the third shares one
+        assert len({id(c) for c in t._conns}) == 2
+        t.close()
+        for f in futs:
+            with pytest.raises(WireCallError) as e:
+                f.result(5)
+            assert e.value.code() == grpc.StatusCode.CANCELLED
+        with pytest.raises(WireCallError, match="client closed"):
+            t.future(req, timeout=5).result(5)
+        assert len(accepted) == 2
+    finally:
+        srv.close()
+
+
+def test_an_idle_connection_closes_itself_and_the_next_call_reopens(cluster, topic, monkeypatch):
+    import rmq_spark.client._produce_wire as pw
+    monkeypatch.setattr(pw, "IDLE_CLOSE", 0.3)
+    with Client(cluster.endpoints, timeout=30) as c:
+        c.produce_batches([(topic, 0, [b"a"])])
+        first = [conn for t in c._transports for conn in t._conns]
+        assert first
+        wait_until(lambda: all(conn.closed for conn in first), timeout=10, what="idle connections closed")
+        assert c.produce_batches([(topic, 0, [b"b"])])[0].base_offset == 1
+        assert any(not conn.closed for t in c._transports for conn in t._conns)
+
+
+def test_a_produce_port_on_another_nodes_port_is_not_served(cluster, caplog):
+    taken = set(cluster.addresses)
+    assert _produce_server(lambda request: None, cluster.addresses[1], taken) is None
+    assert "another node's gRPC or raft port" in caplog.text

@@ -4,15 +4,19 @@
 ``ProduceBatches.future``: a ``Future`` whose result is a
 ``ProduceBatchesResponse`` or whose exception is a ``grpc.RpcError``
 (``WireCallError``), so ``_ProduceSender`` coalesces calls and maps errors
-the same way over either transport. A node whose produce port refuses
-connections (not serving it, e.g. its port was taken) is asked over gRPC for
-``FALLBACK_SECONDS`` before the port is tried again.
+the same way over either transport. A node whose produce port cannot be set
+up (refused: not served, e.g. its port was taken; another protocol on it; at
+its connection limit; no hello in time) is asked over gRPC for
+``FALLBACK_SECONDS`` before the port is tried again, and so is a request
+bigger than a frame may be (gRPC then names the limit).
 
 A connection answers its requests in order, so a transport keeps up to
 ``max_connections`` of them and gives each request one with nothing in
 flight when it can. A request past its deadline fails with
 DEADLINE_EXCEEDED and takes its connection down with it (a stuck or paused
-node): the next request opens a new one.
+node): the next request opens a new one. A connection unused for
+``IDLE_CLOSE`` closes itself, so a Client dropped without ``close()`` does
+not hold nodes' connection slots for ever.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ __all__ = ["ProduceTransport", "WireCallError"]
 log = logging.getLogger(__name__)
 FALLBACK_SECONDS = 30.0
 CONNECT_TIMEOUT = 2.0
+IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
+POLL_SECONDS = 0.1         # how late a deadline may be noticed
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -131,9 +137,17 @@ class _Connection:
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
         buf = bytearray()
+        idle_since = time.monotonic()
         try:
             while not self.closed:
                 ready = poller.poll(self._wait() * 1000)
+                if self._pending:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > IDLE_CLOSE:
+                    # Unused for a while (or its Client dropped without close()):
+                    # give the node its connection slot back; a new one opens on demand.
+                    self._close(grpc.StatusCode.UNAVAILABLE, "idle")
+                    return
                 if ready:
                     try:
                         chunk = self._sock.recv(1 << 16)
@@ -145,7 +159,7 @@ class _Connection:
                     buf = self._frames(buf)
                 if self._expired():
                     return
-        except (OSError, WireProtocolError) as e:
+        except Exception as e:             # whatever it is, nobody may be left waiting
             self._close(grpc.StatusCode.UNAVAILABLE, f"produce connection to {self.address}: {e}")
         finally:
             self._sock.close()             # only here: no other thread polls it after a shutdown
@@ -165,11 +179,12 @@ class _Connection:
         return buf
 
     def _wait(self) -> float:
-        """Seconds until the earliest deadline in flight (1 s when idle)."""
+        """Seconds until the earliest deadline in flight, at most ``POLL_SECONDS``
+        (a request sent meanwhile may have an earlier one)."""
         with self._lock:
             if not self._pending:
-                return 1.0
-            return max(0.0, min(d for _, d in self._pending.values()) - time.monotonic())
+                return POLL_SECONDS
+            return max(0.0, min(POLL_SECONDS, min(d for _, d in self._pending.values()) - time.monotonic()))
 
     def _expired(self) -> bool:
         now = time.monotonic()
@@ -230,38 +245,68 @@ class ProduceTransport:
         self.max_connections = max_connections
         self._lock = threading.Lock()
         self._conns: list[_Connection] = []
+        self._busy: dict[_Connection, int] = {}   # requests given to each connection, not yet done
+        self._opening = 0
         self._fallback_until = 0.0
+        self._closed = False
 
     def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float):
-        if time.monotonic() < self._fallback_until:
-            return self._fallback(request, timeout=timeout)
+        if self._closed:
+            return _failed(grpc.StatusCode.CANCELLED, "client closed")
+        if time.monotonic() < self._fallback_until or request.ByteSize() > MAX_FRAME:
+            return self._fallback(request, timeout=timeout)     # too big: gRPC says so precisely
         try:
             conn = self._connection(timeout)
-        except ConnectionRefusedError:
-            log.info("produce port %s refused the connection: ProduceBatches over gRPC for %.0f s",
-                     self.address, FALLBACK_SECONDS)
+        except (OSError, WireProtocolError) as e:
+            # Refused, not our protocol (another server on the port, or a node at its
+            # connection limit), or no hello in time: gRPC on that node may still work.
+            log.info("produce port %s: %s; ProduceBatches over gRPC for %.0f s",
+                     self.address, e, FALLBACK_SECONDS)
             self._fallback_until = time.monotonic() + FALLBACK_SECONDS
             return self._fallback(request, timeout=timeout)
-        except (OSError, WireProtocolError) as e:
-            return _failed(grpc.StatusCode.UNAVAILABLE, f"produce port {self.address}: {e}")
         try:
-            return conn.call(request.SerializeToString(), timeout)
+            fut = conn.call(request.SerializeToString(), timeout)
         except OSError as e:
+            self._release(conn)
             return _failed(grpc.StatusCode.UNAVAILABLE, f"produce port {self.address}: {e}")
+        fut.add_done_callback(lambda _: self._release(conn))
+        return fut
 
     def _connection(self, timeout: float) -> _Connection:
+        """A connection with nothing in flight if there is one (or can be one),
+        else the least busy; counted busy until its request is done."""
         with self._lock:
             self._conns = [c for c in self._conns if not c.closed]
-            idle = [c for c in self._conns if not c.in_flight]
-            if idle or len(self._conns) >= self.max_connections:
-                return idle[0] if idle else min(self._conns, key=lambda c: c.in_flight)
-        conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)))
+            idle = [c for c in self._conns if not self._busy.get(c)]
+            if idle or (self._conns and len(self._conns) + self._opening >= self.max_connections):
+                conn = idle[0] if idle else min(self._conns, key=lambda c: self._busy.get(c, 0))
+                self._busy[conn] = self._busy.get(conn, 0) + 1
+                return conn
+            self._opening += 1
+        try:
+            conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)))
+        finally:
+            with self._lock:
+                self._opening -= 1
         with self._lock:
+            if self._closed:
+                conn.close()
+                raise OSError("client closed")
             self._conns.append(conn)
+            self._busy[conn] = 1
         return conn
+
+    def _release(self, conn: _Connection) -> None:
+        with self._lock:
+            left = self._busy.get(conn, 1) - 1
+            if left > 0:
+                self._busy[conn] = left
+            else:
+                self._busy.pop(conn, None)
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             conns, self._conns = self._conns, []
         for c in conns:
             c.close()

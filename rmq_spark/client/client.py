@@ -122,6 +122,7 @@ class Client:
         self.endpoints = parse_endpoints(endpoints)
         self.produce_port = produce_port
         self._transports: list[ProduceTransport] = []
+        self._closed = False
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
         self._channels: dict[str, grpc.Channel] = {}
@@ -157,17 +158,17 @@ class Client:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
-            call = self._stub(address).ProduceBatches.future
-            if self.produce_port:
+            call = stub_call = self._stub(address).ProduceBatches.future
+            if self.produce_port and not self._closed:
                 transport = ProduceTransport(produce_address(address, self.groups()), fallback=call)
                 call = transport.future
             with self._lock:
                 sender = self._senders.get(address)
                 if sender is None:
                     sender = self._senders[address] = _ProduceSender(call)
-                    if self.produce_port:
+                    if call is not stub_call:
                         self._transports.append(transport)
-                elif self.produce_port:
+                elif call is not stub_call:
                     transport.close()
         return sender
 
@@ -492,6 +493,7 @@ class Client:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             transports, self._transports, self._senders = self._transports, [], {}
             for ch in self._channels.values():
                 ch.close()
