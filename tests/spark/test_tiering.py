@@ -8,8 +8,8 @@ from __future__ import annotations
 import datetime as dt
 import glob
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -53,6 +53,16 @@ def run_tier(spark, endpoints, topic, archive=None, fmt=None, **kw) -> list[str]
                    format=fmt, progress=lines.append, **kw)
     assert not q.isActive
     return lines
+
+
+def reported_batches(lines: list[str]) -> list[int]:
+    """Batch ids the job's progress lines cover ("batch N" or "batches A-B"), in order."""
+    out = []
+    for line in lines:
+        m = re.search(r"batch(?:es)? (\d+)(?:-(\d+))? committed", line)
+        assert m, line
+        out += range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1)
+    return out
 
 
 def archive_df(spark, path, fmt, topic):
@@ -112,7 +122,9 @@ def test_round_trip_then_incremental(spark, client, endpoints, topic, tmp_path, 
     path = tmp_path / "archive"
     produce_rich(client, topic, 200, queues=3)            # queue 3 stays empty for now
     lines = run_tier(spark, endpoints, topic, path, fmt, max_offsets_per_trigger=120)
-    assert len(lines) >= 2 and all("committed" in line for line in lines)
+    assert all("committed" in line for line in lines)
+    batches = reported_batches(lines)       # a line covers every batch since the one before
+    assert len(batches) >= 2 and batches == list(range(len(batches))), lines
     assert " rows, archived to q0=" in lines[-1] and lines[-1].endswith("lag 0")
     assert client.describe_topic(topic)["tier"] == f"{fmt}:{path}"
     rows = archive_rows(spark, path, fmt, topic)
