@@ -158,18 +158,19 @@ class Client:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
-            call = stub_call = self._stub(address).ProduceBatches.future
-            if self.produce_port and not self._closed:
-                transport = ProduceTransport(produce_address(address, self.groups()), fallback=call)
-                call = transport.future
+            grpc_call = self._stub(address).ProduceBatches.future
+            transport = (ProduceTransport(produce_address(address, self.groups()), fallback=grpc_call)
+                         if self.produce_port and not self._closed else None)
             with self._lock:
                 sender = self._senders.get(address)
                 if sender is None:
-                    sender = self._senders[address] = _ProduceSender(call)
-                    if call is not stub_call:
+                    sender = self._senders[address] = _ProduceSender(
+                        transport.future if transport else grpc_call)
+                    if transport:
                         self._transports.append(transport)
-                elif call is not stub_call:
-                    transport.close()
+                    transport = None
+            if transport:                    # another thread made this node's sender first
+                transport.close()
         return sender
 
     def _candidates(self, group: int | None) -> list[str]:
