@@ -1,8 +1,9 @@
 """ProduceBatches over a plain TCP stream: the produce path without HTTP/2.
 
 A Python gRPC unary call costs ~0.47 ms of server CPU and ~0.35 ms of client
-CPU before its first byte, and ~1.25 us per KiB on top (``bench/grpc_call.py``
-on the test VM): under produce load that was a fifth of all CPU per message.
+CPU before its first byte, plus HTTP/2 framing and a hand-off to a pool
+thread each way (``bench/grpc_call.py`` on the test VM). Without them the
+batched produce benchmark spent ~12% less CPU per message (``bench/README.md``).
 So a node also serves ``ProduceBatches`` on its *produce port* (gRPC port +
 groups + 2, next to its raft ports: ``routing.produce_address``) as
 length-prefixed frames over TCP, as Kafka and NATS carry their data paths.
@@ -190,7 +191,7 @@ class ProduceWireServer:
                           f"method {method}: the produce stream serves {METHOD_PRODUCE_BATCHES} "
                           "(ProduceBatches) only")
         try:
-            request = rmq_pb2.ProduceBatchesRequest.FromString(bytes(body))
+            request = rmq_pb2.ProduceBatchesRequest.FromString(body)   # parses the bytearray as is
         except DecodeError as e:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a ProduceBatchesRequest: {e}")
         try:

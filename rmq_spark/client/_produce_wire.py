@@ -45,7 +45,7 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class WireCallError(grpc.RpcError):
-    """A produce-port call that failed as a whole, seen as a gRPC status."""
+    """A ProduceBatches call that failed as a whole (or was answered wrongly), seen as a gRPC status."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
@@ -89,10 +89,6 @@ class _Connection:
         self.closed = False
         self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
         self._reader.start()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
 
     def call(self, body: bytes, timeout: float) -> Future:
         fut: Future = Future()
