@@ -59,7 +59,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "rmq-storage=storage_service.cli:main",
+            "rmq-storage=storage_service.server.cli:main",
             "rmq=rmq_spark.cli.main:main",
         ],
     },

@@ -279,7 +279,7 @@ def _syncobj_conf(journal: str, tick: float, overrides: dict[str, Any]):
 
 def _use_fast_wire() -> None:
     """Give this process's pysyncobj the wire rmq's nodes run
-    (``storage_service._wire``: bytearray buffers, highest pickle protocol, no
+    (``storage_service.raft.transport``: bytearray buffers, highest pickle protocol, no
     zlib), so the ceiling and our rows pay the same transport costs."""
     from storage_service import _wire
 

@@ -21,7 +21,7 @@ from concurrent import futures
 import grpc
 
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from storage_service._malloc import reuse_big_buffers  # noqa: E402
+from storage_service.protocol.buffers import reuse_big_buffers  # noqa: E402
 from storage_service.local import free_port_block  # noqa: E402
 
 OPTS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]

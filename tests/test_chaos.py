@@ -1,13 +1,13 @@
 """Chaos: idempotent producers while leaders are SIGKILLed, nodes paused, all killed.
 
 The bounded run is part of `make test`; `make chaos` runs the long one.
-Repeat by hand: python -m storage_service.chaos --seconds 120
+Repeat by hand: python -m tests.chaos_harness --seconds 120
 """
 from __future__ import annotations
 
 import pytest
 
-from storage_service.chaos import run_chaos
+from .chaos_harness import run_chaos
 
 
 def _check(report):

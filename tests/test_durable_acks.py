@@ -16,8 +16,8 @@ import pytest
 from pysyncobj.node import TCPNode
 
 from storage_service.local import free_port_block
-from storage_service.meta import MetaState
-from storage_service.raft import RaftGroup, RaftLoop, capped_match_index
+from storage_service.statemachine.meta import MetaState
+from storage_service.raft.group import RaftGroup, RaftLoop, capped_match_index
 
 pytestmark = pytest.mark.unit
 

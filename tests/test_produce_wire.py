@@ -1,4 +1,4 @@
-"""The produce port (storage_service.producewire): ProduceBatches over plain TCP
+"""The produce port (storage_service.server.produce_port): ProduceBatches over plain TCP
 frames, against a real 3-node cluster, and the client's transport for it."""
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 from rmq_spark.client import Client
 from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
 from rmq_spark.client.errors import InvalidArgument, NotFound
-from storage_service.producewire import (FRAME, HELLO, METHOD_PRODUCE_BATCHES, MAX_FRAME,
-                                         ProduceWireServer, WireProtocolError, hello, recv_exact)
+from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES,
+                                                     WireProtocolError, hello)
+from storage_service.server.produce_port import ProduceWireServer, recv_exact
 from storage_service.proto import rmq_pb2
-from storage_service.records import encode
-from storage_service.routing import produce_address
-from storage_service.service import _produce_server
+from storage_service.protocol.records import encode
+from storage_service.protocol.placement import produce_address
+from storage_service.server.service import _produce_server
 
 from .conftest import wait_until
 

@@ -265,7 +265,7 @@ def test_short_circuit_read_equals_the_network_read(client, topic):
 
 
 def test_node_answers_where_the_batches_are_only_to_its_own_host(client, topic):
-    from storage_service.localread import host_id, read_span
+    from storage_service.protocol.localread import host_id, read_span
 
     for i in range(0, 40, 10):
         client.produce(topic, [f"m{j}".encode() for j in range(i, i + 10)], queue=1)

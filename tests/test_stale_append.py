@@ -15,8 +15,8 @@ from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 
 from storage_service.local import free_port_block
-from storage_service.meta import MetaState
-from storage_service.raft import RaftGroup
+from storage_service.statemachine.meta import MetaState
+from storage_service.raft.group import RaftGroup
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +90,7 @@ def test_raft_group_still_truncates_a_real_conflict(tmp_path):
         assert [(e[1], e[2]) for e in log[:]] == [(1, 0), (2, 1), (3, 2)]
         # and the journal on disk agrees after a reopen
         g.journal.sync()
-        from storage_service.journal import DurableJournal
+        from storage_service.raft.journal import DurableJournal
         reopened = DurableJournal(str(tmp_path / "raft"))
         assert [(e[1], e[2]) for e in reopened[:]] == [(1, 0), (2, 1), (3, 2)]
     finally:

@@ -1,4 +1,4 @@
-"""The client side of a node's produce port (``storage_service.producewire``).
+"""The client side of a node's produce port (``storage_service.server.produce_port``).
 
 ``ProduceTransport.future(request, timeout)`` has the shape of a gRPC
 ``ProduceBatches.future``: a ``Future`` whose result is a
@@ -30,9 +30,10 @@ from typing import Callable
 
 import grpc
 
-from storage_service.producewire import (FRAME, HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES,
-                                         WireProtocolError, check_hello, hello, recv_exact)
 from storage_service.proto import rmq_pb2
+from storage_service.protocol.errors import status_code
+from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES, FrameReader,
+                                                     WireProtocolError, check_hello, frame_head, hello)
 
 __all__ = ["ProduceTransport", "WireCallError"]
 
@@ -41,7 +42,6 @@ FALLBACK_SECONDS = 30.0
 CONNECT_TIMEOUT = 2.0
 IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
 POLL_SECONDS = 0.1         # how late a deadline may be noticed
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
 class WireCallError(grpc.RpcError):
@@ -78,7 +78,7 @@ class _Connection:
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.sendall(hello())
-            check_hello(recv_exact(self._sock, HELLO.size))
+            check_hello(_recv_hello(self._sock))
             self._sock.setblocking(False)
         except BaseException:
             self._sock.close()
@@ -100,7 +100,7 @@ class _Connection:
             rid = self._next_id
             self._pending[rid] = (fut, deadline)
             try:
-                self._send(FRAME.pack(len(body), rid, METHOD_PRODUCE_BATCHES), body, deadline)
+                self._send(frame_head(rid, METHOD_PRODUCE_BATCHES, len(body)), body, deadline)
                 return fut
             except OSError as e:
                 self._pending.pop(rid, None)
@@ -132,7 +132,7 @@ class _Connection:
     def _read(self) -> None:
         poller = select.poll()
         poller.register(self._sock, select.POLLIN)
-        buf = bytearray()
+        frames = FrameReader(MAX_FRAME)
         idle_since = time.monotonic()
         try:
             while not self.closed:
@@ -151,28 +151,15 @@ class _Connection:
                         chunk = None
                     if chunk == b"":
                         raise WireProtocolError("closed by the node")
-                    buf += chunk or b""
-                    buf = self._frames(buf)
+                    frames.feed(chunk or b"")
+                    for f in frames.frames():
+                        self._answer(f.request_id, f.code, f.body)
                 if self._expired():
                     return
         except Exception as e:             # whatever it is, nobody may be left waiting
             self._close(grpc.StatusCode.UNAVAILABLE, f"produce connection to {self.address}: {e}")
         finally:
             self._sock.close()             # only here: no other thread polls it after a shutdown
-
-    def _frames(self, buf: bytearray) -> bytearray:
-        """Answer every whole frame at the start of ``buf``; return the rest."""
-        pos = 0
-        while len(buf) - pos >= FRAME.size:
-            length, rid, code = FRAME.unpack_from(buf, pos)
-            if length > MAX_FRAME:
-                raise WireProtocolError(f"answer of {length} bytes; the limit is {MAX_FRAME}")
-            if len(buf) - pos - FRAME.size < length:
-                break
-            self._answer(rid, code, bytes(buf[pos + FRAME.size:pos + FRAME.size + length]))
-            pos += FRAME.size + length
-        del buf[:pos]
-        return buf
 
     def _wait(self) -> float:
         """Seconds until the earliest deadline in flight, at most ``POLL_SECONDS``
@@ -190,7 +177,7 @@ class _Connection:
         self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} did not answer in time")
         return True
 
-    def _answer(self, rid: int, code: int, body: bytes) -> None:
+    def _answer(self, rid: int, code: int, body: bytearray) -> None:
         if rid == 0:        # the node closes the connection after this
             raise WireProtocolError(body.decode(errors="replace"))
         with self._lock:
@@ -198,7 +185,7 @@ class _Connection:
         if fut is None:
             return
         if code:
-            fut.set_exception(WireCallError(_CODES.get(code, grpc.StatusCode.UNKNOWN),
+            fut.set_exception(WireCallError(status_code(code),
                                             body.decode(errors="replace")))
             return
         try:
@@ -225,6 +212,17 @@ class _Connection:
 
     def close(self) -> None:
         self._close(grpc.StatusCode.CANCELLED, "client closed")
+
+
+def _recv_hello(sock: socket.socket) -> bytes:
+    """The node's hello (the socket still blocks, with the connect timeout)."""
+    data = b""
+    while len(data) < HELLO.size:
+        chunk = sock.recv(HELLO.size - len(data))
+        if not chunk:
+            raise WireProtocolError(f"connection closed after {len(data)} bytes of the hello")
+        data += chunk
+    return data
 
 
 def _fail(futures: list[Future], code: grpc.StatusCode, why: str) -> None:

@@ -13,7 +13,7 @@ import zlib
 import numpy as np
 import pyarrow as pa
 
-from storage_service import codec, records
+from storage_service.protocol import framing, records
 
 __all__ = ["ARROW_SCHEMA", "SPARK_DDL", "batches_to_arrow", "empty_batch"]
 
@@ -59,7 +59,7 @@ def _msg_ids(topic: str, queue: int, offsets: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, _buf(off), pa.py_buffer(chars.tobytes())])
 
 
-def _to_arrow(headers: list[codec.BatchHeader], c: records.Columns, topic: str,
+def _to_arrow(headers: list[framing.BatchHeader], c: records.Columns, topic: str,
               queue: int) -> pa.RecordBatch:
     """The stored batches ``headers`` (their records concatenated in ``c``) as one
     RecordBatch, built once per column."""
@@ -92,18 +92,18 @@ def empty_batch() -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
 
 
-def _check_span(every: list[codec.BatchHeader], start: int, expect_next: int) -> None:
+def _check_span(every: list[framing.BatchHeader], start: int, expect_next: int) -> None:
     """Bytes read from a file (``localread``) are the batches the node located: they
     follow one another, the first holds ``start`` or the next offset after it, and
     the last ends where the node said."""
     where = every[0].position if every else 0
     if not every or every[0].last_offset < start or every[-1].next_offset != expect_next:
-        raise codec.CorruptBatch(where, f"the batches read end at "
+        raise framing.CorruptBatch(where, f"the batches read end at "
                                  f"{every[-1].next_offset if every else None}, not at "
                                  f"{expect_next}, or miss offset {start}")
     for a, b in zip(every, every[1:]):
         if b.base_offset <= a.last_offset:
-            raise codec.CorruptBatch(b.position, "batches out of order")
+            raise framing.CorruptBatch(b.position, "batches out of order")
 
 
 def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
@@ -113,7 +113,7 @@ def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
     ``expect_next``: ``buf`` was read from a segment file, and must hold exactly
     the batches the node located (``_check_span``); CorruptBatch if not.
     """
-    every = list(codec.iter_batches(buf))               # CRC-checked
+    every = list(framing.iter_batches(buf))               # CRC-checked
     if expect_next is not None:
         _check_span(every, start, expect_next)
     headers = [h for h in every
@@ -121,10 +121,10 @@ def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
     if not headers:
         return empty_batch()
     try:
-        cols = records.concat(buf, [(codec.records_start(h), h.position + h.size, h.count)
+        cols = records.concat(buf, [(framing.records_start(h), h.position + h.size, h.count)
                                     for h in headers])
     except ValueError as e:
-        raise codec.CorruptBatch(headers[0].position, str(e)) from None
+        raise framing.CorruptBatch(headers[0].position, str(e)) from None
     rb = _to_arrow(headers, cols, topic, queue)
     first, last = headers[0], headers[-1]
     if first.base_offset < start or (end is not None and last.last_offset >= end):

@@ -21,13 +21,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
-from storage_service import codec, records
-from storage_service.fetchwire import FetchReply, decode_fetch_response
-from storage_service.localread import host_id, read_span
+from storage_service.protocol import framing, records
+from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
+from storage_service.protocol.localread import host_id, read_span
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
-from storage_service.errors import LEADER_METADATA_KEY
-from storage_service._malloc import reuse_big_buffers
-from storage_service.routing import GRPC_OPTIONS, META_GROUP, group_of, produce_address
+from storage_service.server.errors import LEADER_METADATA_KEY
+from storage_service.protocol.buffers import reuse_big_buffers
+from storage_service.protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, produce_address
 
 from ._produce_wire import ProduceTransport, WireCallError
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
@@ -95,7 +95,7 @@ def plain_block(messages: Sequence[MessageLike]) -> bytes:
 def decode_records(topic: str, queue: int, batches: bytes, start: int,
                    limit: int | None = None) -> list[Record]:
     out = []
-    for h, cols in codec.iter_blocks(batches, deep_check=False):
+    for h, cols in framing.iter_blocks(batches, deep_check=False):
         if h.last_offset < start:
             continue
         for delta, key, value, tags, props, born in records.iter_rows(cols):
@@ -117,7 +117,7 @@ class Client:
                  producer_id: str | None = None, attempt_timeout: float = 5.0,
                  produce_port: bool = True):
         """``produce_port``: ``produce_batches`` goes over the nodes' produce
-        ports (``storage_service.producewire``; ~12% less CPU per message than
+        ports (``storage_service.server.produce_port``; ~12% less CPU per message than
         gRPC in the produce benchmark), falling back to gRPC for a node that
         does not serve one."""
         self.endpoints = parse_endpoints(endpoints)
@@ -401,7 +401,7 @@ class Client:
         Returns ``(batch, next_offset, earliest, latest)``; next_offset is where
         the following fetch starts (it may pass ``end``: the batch is trimmed).
         ``local``: when the serving node is on this host, read its segment file
-        directly (``storage_service.localread``); anything amiss falls back to
+        directly (``storage_service.protocol.localread``); anything amiss falls back to
         the bytes over the network.
         """
         from .arrow import batches_to_arrow
@@ -424,7 +424,7 @@ class Client:
                     rb = batches_to_arrow(data, topic, queue, offset, end,
                                           expect_next=resp.next_offset)
                     return rb, resp.next_offset, resp.earliest, resp.latest
-            except codec.CorruptBatch as e:
+            except framing.CorruptBatch as e:
                 log.info("short-circuit read of %s/%d at %d: %s; fetching it instead",
                          topic, queue, offset, e)
             return self.fetch_arrow(topic, queue, offset, end, max_bytes, wait_ms, from_follower,

@@ -5,7 +5,7 @@ import re
 
 import grpc
 
-from storage_service.errors import LEADER_METADATA_KEY
+from storage_service.server.errors import LEADER_METADATA_KEY
 
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",

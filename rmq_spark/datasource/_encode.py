@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from storage_service.records import FLAG_KEY, FLAG_NULL_VALUE
+from storage_service.protocol.records import FLAG_KEY, FLAG_NULL_VALUE
 
 __all__ = ["NORMALIZED", "normalize_columns", "encode_block", "row_sizes"]
 
@@ -98,7 +98,7 @@ def _without_nulls(arr: pa.Array) -> pa.Array:
 
 
 def encode_block(batch: pa.RecordBatch) -> bytes:
-    """A normalized batch -> records block (``storage_service.records`` layout)."""
+    """A normalized batch -> records block (``storage_service.protocol.records`` layout)."""
     n = batch.num_rows
     value, key, tags, props, born = batch.columns
     flags = _flags(key, value)

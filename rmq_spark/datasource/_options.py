@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from rmq_spark.client import parse_endpoints
-from storage_service.tagfilter import parse_tag_expression
+from storage_service.protocol.tags import parse_tag_expression
 
 from . import _offsets
 from .errors import OptionError

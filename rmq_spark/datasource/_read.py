@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange
 from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch
-from storage_service._malloc import reuse_big_buffers
-from storage_service.tagfilter import parse_tag_expression
+from storage_service.protocol.buffers import reuse_big_buffers
+from storage_service.protocol.tags import parse_tag_expression
 
 from ._options import ReadOptions
 from ._planning import ArchiveRange, QueueRange, report_data_loss

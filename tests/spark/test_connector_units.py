@@ -12,7 +12,7 @@ from rmq_spark.datasource._encode import encode_block, normalize_columns
 from rmq_spark.datasource._offsets import dumps, from_spark, parse_json, to_spark
 from rmq_spark.datasource._options import ReadOptions, WriteOptions
 from rmq_spark.datasource._planning import QueueRange, cap_by_backlog, split_ranges
-from storage_service import records
+from storage_service.protocol import records
 
 pytestmark = pytest.mark.unit
 BASE = {"endpoints": "127.0.0.1:1", "topic": "t"}

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from rmq_spark.client.arrow import ARROW_SCHEMA, batches_to_arrow
-from storage_service import codec, records
+from storage_service.protocol import framing, records
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,7 @@ def _fetched(seed: int, batches: int = 6, gaps: bool = False):
         born = [rng.randrange(1, 10**12) for _ in range(n)]
         block = records.encode(values, keys, tags, props, born, deltas)
         ts = 1_700_000_000_000 + b
-        out.append(codec.frame_batch(base, ts, n, b + 1, block))
+        out.append(framing.frame_batch(base, ts, n, b + 1, block))
         for i in range(n):
             want.append(dict(key=keys[i], value=values[i], offset=base + deltas[i], tags=tags[i],
                              properties=props[i], born=born[i], ts=ts))
@@ -64,15 +64,15 @@ def test_start_and_end_trim_across_batches(gaps):
 
 
 def test_bytes_read_from_a_file_must_be_the_located_batches():
-    # expect_next: a short-circuit read (storage_service.localread) checks that what it
+    # expect_next: a short-circuit read (storage_service.protocol.localread) checks that what it
     # read ends where the node said and holds the requested offset.
     buf, want = _fetched(3, batches=4)
-    frames = list(codec.iter_batches(buf))
+    frames = list(framing.iter_batches(buf))
     last = frames[-1].next_offset
     assert _rows(batches_to_arrow(buf, "t", 0, want[0]["offset"], expect_next=last)) == want
     for start, expect in ((want[0]["offset"], last + 1), (last, last)):
-        with pytest.raises(codec.CorruptBatch):
+        with pytest.raises(framing.CorruptBatch):
             batches_to_arrow(buf, "t", 0, start, expect_next=expect)
     swapped = buf[frames[1].position:frames[2].position] + buf[:frames[1].position]
-    with pytest.raises(codec.CorruptBatch, match="out of order|not at"):
+    with pytest.raises(framing.CorruptBatch, match="out of order|not at"):
         batches_to_arrow(swapped, "t", 0, 0, expect_next=frames[0].next_offset)

@@ -1,11 +1,11 @@
-"""Record-batch framing: bytes in, bytes out (storage_service.codec)."""
+"""Record-batch framing: bytes in, bytes out (storage_service.protocol.framing)."""
 from __future__ import annotations
 
 import crc32c
 import pytest
 
-from storage_service import codec, records
-from storage_service.codec import (
+from storage_service.protocol import framing, records
+from storage_service.protocol.framing import (
     BATCH_HEADER, BODY_HEADER, CorruptBatch,
     frame_batch, iter_batches, iter_blocks, records_of, scan_valid_prefix,
 )
@@ -129,7 +129,7 @@ def test_iter_batches_rejects_body_shorter_than_its_header():
 
 
 def test_iter_batches_rejects_absurd_body_length():
-    frame = BATCH_HEADER.pack(codec.MAX_BATCH_BYTES + 1, 0) + b"\0" * 64
+    frame = BATCH_HEADER.pack(framing.MAX_BATCH_BYTES + 1, 0) + b"\0" * 64
     with pytest.raises(CorruptBatch, match="bad body length"):
         list(iter_batches(frame))
 
@@ -240,8 +240,8 @@ def test_codec_accepts_memoryview():
 
 def test_frame_parts_join_to_frame_batch():
     block = encode_values([b"a", b"bc"])
-    parts = codec.frame_parts(7, 123, 2, 99, block)
+    parts = framing.frame_parts(7, 123, 2, 99, block)
     assert parts[2] is block                     # the block is not copied
-    assert b"".join(parts) == codec.frame_batch(7, 123, 2, 99, block)
-    [h] = codec.iter_batches(b"".join(parts))
+    assert b"".join(parts) == framing.frame_batch(7, 123, 2, 99, block)
+    [h] = framing.iter_batches(b"".join(parts))
     assert (h.base_offset, h.store_ts, h.count, h.apply_position) == (7, 123, 2, 99)

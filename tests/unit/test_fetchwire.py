@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from storage_service.fetchwire import decode_fetch_response, encode_fetch_response
+from storage_service.protocol.fetch_wire import decode_fetch_response, encode_fetch_response
 from storage_service.proto import rmq_pb2
 
 CASES = [
@@ -55,7 +55,7 @@ def test_malformed_messages_are_refused_by_name(bad, what):
 
 
 def test_local_span_is_protobufs_nested_message():
-    from storage_service.fetchwire import LocalSpan
+    from storage_service.protocol.fetch_wire import LocalSpan
 
     span = LocalSpan("/data/n1/g2/t~0/00000000000000000042.log", 1 << 33, 8 << 20, 1 << 40, 2049)
     ours = encode_fetch_response(b"", 99, 3, 120, "n1", span)

@@ -1,13 +1,13 @@
-"""Hot-log compaction of a queue (storage_service.compaction) and the reads it implies."""
+"""Hot-log compaction of a queue (storage_service.log.compaction) and the reads it implies."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from storage_service import codec, records
-from storage_service.compaction import CompactionPolicy, compact_queue
-from storage_service.segment import QueueLog
+from storage_service.protocol import framing, records
+from storage_service.log.compaction import CompactionPolicy, compact_queue
+from storage_service.log.queue_log import QueueLog
 
 pytestmark = pytest.mark.unit
 
@@ -18,8 +18,8 @@ NOW = 100 * HOUR
 def _append(q: QueueLog, keyed: list[tuple[bytes, bytes | None]], ts: int) -> None:
     base = q.next_offset
     block = records.encode([v for _, v in keyed], [k for k, _ in keyed])
-    frame = codec.frame_batch(base, ts, len(keyed), base + 1, block)
-    q.append(frame, next(codec.iter_batches(frame)))
+    frame = framing.frame_batch(base, ts, len(keyed), base + 1, block)
+    q.append(frame, next(framing.iter_batches(frame)))
 
 
 def _records(q: QueueLog, start: int | None = None) -> list[tuple[int, bytes, bytes | None]]:
@@ -29,11 +29,11 @@ def _records(q: QueueLog, start: int | None = None) -> list[tuple[int, bytes, by
     while off < q.next_offset:
         data = q.read(off, 1 << 20)
         assert data, f"read({off}) returned nothing before next_offset {q.next_offset}"
-        for h, cols in codec.iter_blocks(data):
+        for h, cols in framing.iter_blocks(data):
             for delta, key, value, *_ in records.iter_rows(cols):
                 if h.base_offset + delta >= off:
                     out.append((h.base_offset + delta, key, value))
-        off = codec.next_offset(data, off)
+        off = framing.next_offset(data, off)
     return out
 
 
@@ -154,10 +154,10 @@ def test_a_crash_during_the_swap_is_finished_or_rolled_back(log_of_updates):
     frames = []
     with open(seg.file("log"), "rb") as f:
         data = f.read()
-    for h, cols in codec.iter_blocks(data):
+    for h, cols in framing.iter_blocks(data):
         idx = [i for i, d in enumerate(cols.offset_delta.tolist()) if (h.base_offset + d) in (4, seg.next_offset - 1)]
         if idx:
-            frames.append(codec.frame_batch(h.base_offset, h.store_ts, len(idx), h.apply_position,
+            frames.append(framing.frame_batch(h.base_offset, h.store_ts, len(idx), h.apply_position,
                                             records.select(cols, idx)))
     q.close()
     _write_cleaned(seg, frames)
@@ -202,11 +202,11 @@ def test_a_replica_copies_a_compacted_log_with_its_gaps(tmp_path, log_of_updates
     while off < q.next_offset:
         data = q.read(off, 200)
         replica.append_frames(data)
-        off = codec.next_offset(data, off)
+        off = framing.next_offset(data, off)
     assert replica.next_offset == q.next_offset
     assert _records(replica) == want
     # A produce append must still land exactly at next_offset.
-    frame = codec.frame_batch(q.next_offset + 5, NOW, 1, 10**6, records.encode([b"x"], [b"k"]))
+    frame = framing.frame_batch(q.next_offset + 5, NOW, 1, 10**6, records.encode([b"x"], [b"k"]))
     with pytest.raises(ValueError, match="append at"):
-        replica.append(frame, next(codec.iter_batches(frame)))
+        replica.append(frame, next(framing.iter_batches(frame)))
     replica.close()

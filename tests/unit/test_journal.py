@@ -1,12 +1,12 @@
 """DurableJournal: pysyncobj's Journal interface on CRC-framed, epoch-stamped records in two
-recycled files (storage_service.journal)."""
+recycled files (storage_service.raft.journal)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from storage_service.journal import FSYNC_POLICIES, DurableJournal
+from storage_service.raft.journal import FSYNC_POLICIES, DurableJournal
 
 pytestmark = pytest.mark.unit
 

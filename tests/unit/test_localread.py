@@ -1,12 +1,12 @@
-"""Short-circuit reads: the client side checks (storage_service.localread)."""
+"""Short-circuit reads: the client side checks (storage_service.protocol.localread)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from storage_service.fetchwire import LocalSpan
-from storage_service.localread import host_id, read_span
+from storage_service.protocol.fetch_wire import LocalSpan
+from storage_service.protocol.localread import host_id, read_span
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The columnar records block: bytes in, bytes out (storage_service.records)."""
+"""The columnar records block: bytes in, bytes out (storage_service.protocol.records)."""
 from __future__ import annotations
 
 import struct
@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from storage_service import records
-from storage_service.records import Columns, concat, encode, iter_rows, last_delta, parse, select
+from storage_service.protocol import records
+from storage_service.protocol.records import Columns, concat, encode, iter_rows, last_delta, parse, select
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,9 @@
-"""Retention arithmetic over segment summaries (storage_service.retention)."""
+"""Retention arithmetic over segment summaries (storage_service.log.retention)."""
 from __future__ import annotations
 
 import pytest
 
-from storage_service.retention import SegmentInfo, retention_cutoff
+from storage_service.log.retention import SegmentInfo, retention_cutoff
 
 pytestmark = pytest.mark.unit
 

@@ -1,12 +1,12 @@
-"""QueueLog: append, read, seek by time, retention, recovery (storage_service.segment)."""
+"""QueueLog: append, read, seek by time, retention, recovery (storage_service.log.queue_log)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from storage_service.codec import CorruptBatch, frame_batch, iter_batches
-from storage_service.segment import QueueLog
+from storage_service.protocol.framing import CorruptBatch, frame_batch, iter_batches
+from storage_service.log.queue_log import QueueLog
 
 from ._helpers import encode_values, iter_values
 
@@ -323,7 +323,7 @@ def test_corrupt_byte_in_sealed_segment_is_never_served(qpath, where, mask):
 
 
 def test_append_of_frame_parts_equals_append_of_the_frame(tmp_path):
-    from storage_service.codec import frame_parts
+    from storage_service.protocol.framing import frame_parts
     a, b = QueueLog(str(tmp_path / "a"), 4096), QueueLog(str(tmp_path / "b"), 4096)
     for i in range(50):       # many index intervals and segment rolls
         block = encode_values([f"v{i}-{j}".encode() * 20 for j in range(3)])

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from rmq_spark.datasource._encode import encode_block, normalize_columns
-from storage_service import records
+from storage_service.protocol import records
 
 pytestmark = pytest.mark.unit
 

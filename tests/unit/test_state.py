@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from storage_service.codec import iter_batches
-from storage_service.meta import TOPIC_DEFAULTS, MetaState
-from storage_service.state import apply_position, DataState, parse_queue_dir, queue_dir
+from storage_service.protocol.framing import iter_batches
+from storage_service.statemachine.meta import TOPIC_DEFAULTS, MetaState
+from storage_service.statemachine.data import apply_position, DataState, parse_queue_dir, queue_dir
 
 from ._helpers import encode_values, iter_values
 

@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from .journal import FSYNC_POLICIES
+from ..raft.journal import FSYNC_POLICIES
 
 __all__ = ["main"]
 
@@ -37,9 +37,9 @@ def _parse(argv):
 
 
 def run_node(args) -> int:
-    from ._malloc import reuse_big_buffers
+    from ..protocol.buffers import reuse_big_buffers
+    from ..raft.group import RaftTiming
     from .node import NodeConfig, StorageNode
-    from .raft import RaftTiming
     from .service import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -66,7 +66,7 @@ def run_node(args) -> int:
 
 
 def run_local(args) -> int:
-    from .local import LocalCluster
+    from ..local import LocalCluster
 
     try:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,

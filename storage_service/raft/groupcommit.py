@@ -18,8 +18,12 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from typing import Callable
 
+import grpc
 from pysyncobj import FAIL_REASON
+
+from ..protocol.errors import StorageError
 
 __all__ = ["GroupCommitter", "CommitFailed"]
 
@@ -27,18 +31,24 @@ log = logging.getLogger(__name__)
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 
 
-class CommitFailed(Exception):
+class CommitFailed(StorageError):
+    """Raft dropped the entry (leadership lost, queue full): the node answers not-leader."""
+    retriable = True
+
     def __init__(self, reason: int):
-        super().__init__(f"raft did not commit the entry: {_FAIL_NAMES.get(reason, reason)}")
+        super().__init__(f"raft did not commit the entry: {_FAIL_NAMES.get(reason, reason)}",
+                         grpc.StatusCode.UNAVAILABLE)
         self.reason = reason
 
 
 class GroupCommitter:
     """Coalesces produce items into raft entries; ``drain`` runs on the raft tick thread."""
 
-    def __init__(self, raft, max_entry_bytes: int = 32 << 20, max_in_flight: int = 2,
-                 slot_timeout: float = 5.0):
+    def __init__(self, raft, make_entry: Callable[[list], tuple], max_entry_bytes: int = 32 << 20,
+                 max_in_flight: int = 2, slot_timeout: float = 5.0):
+        """``make_entry(items)`` is the replicated command of the items drained together."""
         self.raft = raft
+        self.make_entry = make_entry
         self.max_entry_bytes = max_entry_bytes
         self.max_in_flight = max_in_flight
         self.slot_timeout = slot_timeout
@@ -97,7 +107,7 @@ class GroupCommitter:
                     fut.set_result(result[i])
 
         try:
-            self.raft.propose(("produce", [item for item, _, _ in batch]), done)
+            self.raft.propose(self.make_entry([item for item, _, _ in batch]), done)
         except Exception as e:   # never leave a caller hanging
             log.exception("group %d: propose failed", self.raft.group_id)
             self._in_flight.pop(number, None)

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from . import codec, records
+from . import framing, records
 
 __all__ = ["parse_tag_expression", "filter_batches"]
 
@@ -51,12 +51,12 @@ def filter_batches(buf: bytes, wanted: frozenset[bytes] | None) -> bytes:
         return buf
     out = []
     mv = memoryview(buf)
-    for h, cols in codec.iter_blocks(buf, deep_check=False):
+    for h, cols in framing.iter_blocks(buf, deep_check=False):
         mask = _mask(cols, wanted)
         if mask.all():
             out.append(mv[h.position:h.position + h.size])
         elif mask.any():
             block = records.select(cols, np.nonzero(mask)[0].tolist())
-            out.append(codec.frame_batch(h.base_offset, h.store_ts, int(mask.sum()),
+            out.append(framing.frame_batch(h.base_offset, h.store_ts, int(mask.sum()),
                                          h.apply_position, block))
     return b"".join(out)

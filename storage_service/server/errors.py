@@ -1,22 +1,18 @@
-"""Service-side errors: each carries the gRPC status code it maps to."""
+"""Errors a request can end in: each carries the gRPC status code it maps to."""
 from __future__ import annotations
-
-import logging
-import os
 
 import grpc
 
-__all__ = ["ServiceError", "NotLeader", "LEADER_METADATA_KEY", "fatal"]
+from ..protocol.errors import LEADER_METADATA_KEY, StorageError
 
-LEADER_METADATA_KEY = "rmq-leader"
-log = logging.getLogger(__name__)
+__all__ = ["ServiceError", "NotLeader", "invalid", "not_found"]
 
 
-class ServiceError(Exception):
+class ServiceError(StorageError):
+    """A request's failure, answered with ``code`` and ``message``."""
+
     def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        super().__init__(message, code)
 
     def trailing_metadata(self) -> tuple:
         return ()
@@ -24,6 +20,7 @@ class ServiceError(Exception):
 
 class NotLeader(ServiceError):
     """This node does not lead the group; ``leader`` is the gRPC address to retry."""
+    retriable = True
 
     def __init__(self, group: int, leader: str | None):
         where = f"leader is {leader}" if leader else "no leader elected yet"
@@ -41,15 +38,3 @@ def invalid(message: str) -> ServiceError:
 
 def not_found(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.NOT_FOUND, message)
-
-
-def fatal(why: str) -> None:
-    """Stop the node process at once: a failed fdatasync cannot be retried.
-
-    Linux reports a lost write-back to one fsync only; a retry would succeed
-    over pages that never reached the disk. Restarting recovers from the
-    files and from the peers, as after a crash.
-    """
-    log.critical("%s: stopping this node", why)
-    logging.shutdown()
-    os._exit(70)

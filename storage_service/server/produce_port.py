@@ -1,87 +1,43 @@
-"""ProduceBatches over a plain TCP stream: the produce path without HTTP/2.
+"""The produce port: ``ProduceBatches`` over a plain TCP stream, without HTTP/2.
 
 A Python gRPC unary call costs ~0.47 ms of server CPU and ~0.35 ms of client
 CPU before its first byte, plus HTTP/2 framing and a hand-off to a pool
 thread each way (``bench/grpc_call.py`` on the test VM). Without them the
 batched produce benchmark spent ~12% less CPU per message (``bench/README.md``).
 So a node also serves ``ProduceBatches`` on its *produce port* (gRPC port +
-groups + 2, next to its raft ports: ``routing.produce_address``) as
+groups + 2, next to its raft ports: ``placement.produce_address``) as
 length-prefixed frames over TCP, as Kafka and NATS carry their data paths.
-The messages are exactly the ``.proto``'s ``ProduceBatchesRequest`` and
+The wire format is ``storage_service.protocol.produce_frames``; the messages
+are exactly the ``.proto``'s ``ProduceBatchesRequest`` and
 ``ProduceBatchesResponse``, validated and submitted by the same code as the
 gRPC method; only the transport differs. gRPC's ``ProduceBatches`` stays, and
 the client falls back to it when the produce port does not answer.
 
-A connection starts with a hello each way, then carries frames::
-
-    hello  = "RMQP" | u16 version | u16 flags (0)
-    frame  = u32 body length | u32 request id | u32 code | body
-
-In a request, ``code`` is the method (1 = ProduceBatches) and the body a
-``ProduceBatchesRequest``. In the reply (same request id), ``code`` is 0 and
-the body a ``ProduceBatchesResponse``, or a gRPC status code and the body a
-UTF-8 message saying what was wrong (the call failed as a whole; per-batch
-errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
-hello that does not match is answered with an error frame (request id 0) and
-the connection is closed: after a bad length the stream cannot be trusted.
 A node takes at most ``MAX_CONNECTIONS`` at once (more are answered
-RESOURCE_EXHAUSTED and closed), closes one that sends nothing for
-``IDLE_SECONDS``, and grows a frame's buffer with the bytes that arrive, not
-with the length announced.
-Requests on one connection are answered in order; a client wanting several
-in flight opens several connections.
+RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for
+``IDLE_SECONDS``.
 """
 from __future__ import annotations
 
 import logging
 import socket
-import struct
 import threading
 from typing import Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from ..proto import rmq_pb2
+from ..protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES, FrameReader, PeerClosed,
+                                       WireProtocolError, check_hello, error_frame, frame_head, hello)
 from .errors import ServiceError
-from .proto import rmq_pb2
 
-__all__ = ["FRAME", "HELLO", "MAX_CONNECTIONS", "MAX_FRAME", "METHOD_PRODUCE_BATCHES", "PeerClosed",
-           "ProduceWireServer", "WireProtocolError", "check_hello", "hello", "recv_exact", "send_frame"]
+__all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "ProduceWireServer", "recv_exact", "send_frame"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"RMQP"
-VERSION = 1
-HELLO = struct.Struct("<4sHH")
-FRAME = struct.Struct("<III")
-METHOD_PRODUCE_BATCHES = 1
-MAX_FRAME = 128 << 20       # gRPC's message limit (routing.GRPC_OPTIONS)
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
-
-
-class WireProtocolError(Exception):
-    """The peer does not speak this protocol (bad hello, frame too long, early EOF)."""
-
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT):
-        super().__init__(message)
-        self.code = code
-
-
-class PeerClosed(WireProtocolError):
-    """The peer closed the connection before sending any byte of what was read."""
-
-
-def hello() -> bytes:
-    return HELLO.pack(MAGIC, VERSION, 0)
-
-
-def check_hello(data: bytes) -> None:
-    magic, version, _flags = HELLO.unpack(data)
-    if magic != MAGIC:
-        raise WireProtocolError(f"not an rmq produce stream (hello {bytes(data)!r})")
-    if version != VERSION:
-        raise WireProtocolError(f"produce stream version {version}; this side speaks {VERSION}")
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -105,7 +61,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 def send_frame(sock: socket.socket, request_id: int, code: int, body: bytes) -> None:
     """One frame, header and body in one ``sendmsg`` (no concatenation of a big body)."""
-    head = FRAME.pack(len(body), request_id, code)
+    head = frame_head(request_id, code, len(body))
     sent = sock.sendmsg([head, body])
     if sent < len(head):
         sock.sendall(head[sent:])
@@ -165,14 +121,18 @@ class ProduceWireServer:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             check_hello(recv_exact(conn, HELLO.size))
             conn.sendall(hello())
+            frames = FrameReader(self.max_frame)
             while True:
-                length, request_id, method = FRAME.unpack(recv_exact(conn, FRAME.size))
-                if length > self.max_frame:
-                    raise WireProtocolError(f"frame of {length} bytes; the limit is {self.max_frame}",
-                                            grpc.StatusCode.RESOURCE_EXHAUSTED)
-                body = recv_exact(conn, length)
-                code, reply = self._answer(method, body)
-                send_frame(conn, request_id, code, reply)
+                frame = frames.next_frame()
+                if frame is None:
+                    data = conn.recv(min(frames.wanted(), 1 << 20))
+                    if not data:
+                        raise (WireProtocolError if frames.buffered else PeerClosed)(
+                            f"connection closed with {frames.buffered} bytes of a frame read")
+                    frames.feed(data)
+                    continue
+                code, reply = self._answer(frame.code, frame.body)
+                send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
         except WireProtocolError as e:
@@ -225,7 +185,8 @@ def _error(code: grpc.StatusCode, message: str) -> tuple[int, bytes]:
 
 def _try_send_error(conn: socket.socket, code: grpc.StatusCode, message: str) -> None:
     try:
-        send_frame(conn, 0, *_error(code, message))
+        head, body = error_frame(code, message)
+        conn.sendall(head + body)
     except OSError:
         pass
 

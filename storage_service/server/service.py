@@ -8,32 +8,29 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 import time
 import zlib
 
 import grpc
 
-from . import codec, records
+from ..proto import rmq_pb2, rmq_pb2_grpc
+from ..protocol import framing
+from ..protocol.fetch_wire import encode_fetch_response
+from ..protocol.localread import host_id
+from ..protocol.placement import GRPC_OPTIONS, META_GROUP, produce_address, raft_address
+from ..protocol.tags import filter_batches, parse_tag_expression
+from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
+                                     SetWatermark)
+from ..statemachine.meta import TOPIC_DEFAULTS, queue_growth_error
 from .errors import ServiceError, invalid
-from .meta import TOPIC_DEFAULTS, queue_growth_error
 from .node import StorageNode
-from .fetchwire import encode_fetch_response
-from .localread import host_id
-from .proto import rmq_pb2, rmq_pb2_grpc
-from .producewire import ProduceWireServer
-from .routing import GRPC_OPTIONS, META_GROUP, produce_address, raft_address
-from .tagfilter import filter_batches, parse_tag_expression
+from .produce_port import ProduceWireServer
+from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_group, check_queue,
+                       check_topic_name, messages_to_block, validate_produce)
 
 __all__ = ["MessageLogService", "Servers", "serve"]
 
 log = logging.getLogger(__name__)
-TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
-GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
-CLEANUP_POLICIES = ("delete", "compact")
-WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
-LEASE_KINDS = ("tier",)
-MAX_LEASE_MS = 86_400_000
 ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "delete_retention_ms",
              "min_compaction_lag_ms", "queues")
 DEFAULT_FETCH_BYTES = 1 << 20
@@ -53,47 +50,6 @@ def _guard(fn):
             log.exception("%s failed", fn.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: internal error (see node log)")
     return wrapper
-
-
-def check_topic_name(name: str) -> None:
-    if not TOPIC_RE.match(name or ""):
-        raise invalid(f"topic name {name!r} is invalid: use 1-127 characters from [A-Za-z0-9_.-]")
-
-
-def check_queue(cfg: dict, queue: int) -> None:
-    if not 0 <= queue < cfg["queues"]:
-        raise invalid(f"queue {queue} does not exist in topic {cfg['name']!r}: "
-                      f"valid queues are 0..{cfg['queues'] - 1}")
-
-
-def check_config(c: rmq_pb2.TopicConfig) -> None:
-    check_topic_name(c.name)
-    if not 1 <= c.queues <= 4096:
-        raise invalid(f"queues={c.queues}: must be between 1 and 4096")
-    for field in ("retention_ms", "retention_bytes", "local_retention_ms", "delete_retention_ms",
-                  "min_compaction_lag_ms"):
-        if getattr(c, field) < 0:
-            raise invalid(f"{field}={getattr(c, field)}: must be >= 0 (0 = unlimited)")
-    if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
-        raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
-    if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
-        raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
-    if c.tier and not re.match(r"^(delta|parquet):(/|file:/)", c.tier):
-        # every job and reader must find the same archive, whatever its working directory
-        raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute (delta:PATH or "
-                      "parquet:PATH, e.g. delta:/data/archive)")
-
-
-def messages_to_block(msgs) -> bytes:
-    """Protobuf messages -> a columnar records block (``null_value`` -> a tombstone)."""
-    for i, m in enumerate(msgs):
-        if m.null_value and m.value:
-            raise invalid(f"message {i} has null_value set and {len(m.value)} value bytes: "
-                          "a tombstone has no value")
-    return records.encode([None if m.null_value else m.value for m in msgs],
-                          [m.key if m.HasField("key") else None for m in msgs],
-                          [m.tags for m in msgs], [m.properties for m in msgs],
-                          [m.born_timestamp for m in msgs])
 
 
 def config_to_pb(cfg: dict) -> rmq_pb2.TopicConfig:
@@ -117,7 +73,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                "delete_retention_ms": (c.delete_retention_ms if c.HasField("delete_retention_ms")
                                        else TOPIC_DEFAULTS["delete_retention_ms"]),
                "min_compaction_lag_ms": c.min_compaction_lag_ms}
-        created = self.node.meta_command(("create_topic", cfg, int(time.time() * 1000)))
+        created = self.node.meta_command(CreateTopic(cfg, int(time.time() * 1000)))
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
     @_guard
@@ -130,7 +86,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         if "queues" in changes and changes["queues"] <= cfg["queues"]:
             raise invalid(queue_growth_error(cfg["name"], cfg["queues"], changes["queues"]))
         check_config(config_to_pb({**cfg, **changes}))
-        altered = self.node.meta_command(("alter_topic", request.name, changes))
+        altered = self.node.meta_command(AlterTopic(request.name, changes))
         if "queues" in changes:
             # New queues are usable at once on every node, not only here.
             self.node.wait_meta_applied_everywhere()
@@ -139,7 +95,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def DeleteTopic(self, request, context):
         check_topic_name(request.name)
-        self.node.meta_command(("delete_topic", request.name))
+        self.node.meta_command(DeleteTopic(request.name))
         self.node.wait_meta_applied_everywhere()     # no node serves the old topic after this
         return rmq_pb2.DeleteTopicResponse()
 
@@ -147,8 +103,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def ListTopics(self, request, context):
         # Served by the metadata leader, which has applied every topic change it acknowledged.
         self.node.require_leader(META_GROUP)
-        with self.node.meta.lock:
-            topics = [config_to_pb(t) for _, t in sorted(self.node.meta.topics.items())]
+        topics = [config_to_pb(t) for t in self.node.meta.list_topics()]
         return rmq_pb2.ListTopicsResponse(topics=topics)
 
     @_guard
@@ -174,7 +129,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     # ---------------------------------------------------------------- produce
     @_guard
     def Produce(self, request, context):
-        cfg, block, count = self._validate_produce(request)
+        cfg, block, count = validate_produce(self.node, request)
         if request.queue >= 0:
             res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
             return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
@@ -195,7 +150,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             try:
                 if b.queue < 0:
                     raise invalid(f"queue {b.queue}: every batch of ProduceBatches needs an explicit queue")
-                cfg, block, count = self._validate_produce(b)
+                cfg, block, count = validate_produce(self.node, b)
                 submitted.append(self.node.submit_produce(cfg, b.queue, block, count, b.producer_id,
                                                           b.sequence))
             except ServiceError as e:
@@ -211,67 +166,6 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                 out.code, out.message = e.code.value[0], e.message
                 out.leader = getattr(e, "leader", None) or ""
         return resp
-
-    def _validate_produce(self, request) -> tuple[dict, bytes, int]:
-        """Check a produce request; returns (topic config, records block, count)."""
-        check_topic_name(request.topic)
-        cfg = self.node.topic(request.topic, queue=request.queue)
-        if request.queue < -1:
-            raise invalid(f"queue {request.queue}: use 0..{cfg['queues'] - 1}, or -1 to let the service choose")
-        if request.records:
-            if request.messages:
-                raise invalid("give either messages or records, not both")
-            if request.queue < 0:
-                raise invalid("records need an explicit queue (0..{}); send messages to let the "
-                              "service choose".format(cfg["queues"] - 1))
-            count = request.count
-            cols = self._parse_block(request.records, count)
-        else:
-            count = len(request.messages)
-            cols = None
-        if not count:
-            raise invalid("messages is empty: a produce request needs at least one message")
-        if count > self.node.config.max_batch_messages:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"{count} messages in one request; the limit is "
-                               f"{self.node.config.max_batch_messages}")
-        if cols is None:
-            block = messages_to_block(request.messages)
-            cols = records.parse(block, count)
-        else:
-            block = request.records
-        self._check_block(cfg, cols)
-        if request.queue >= 0:
-            check_queue(cfg, request.queue)
-        return cfg, block, count
-
-    @staticmethod
-    def _parse_block(block: bytes, count: int) -> records.Columns:
-        if count <= 0:
-            raise invalid(f"count={count}: messages is empty: a produce request needs at least one message")
-        try:
-            cols = records.parse(block, count)
-        except ValueError as e:
-            raise invalid(f"records: {e}") from None
-        if cols.offset_delta[0] != 0 or cols.offset_delta[-1] != count - 1:
-            raise invalid("records: a produced block must have offset deltas 0..count-1")
-        return cols
-
-    def _check_block(self, cfg: dict, cols: records.Columns) -> None:
-        limit = self.node.config.max_message_bytes
-        sizes = cols.message_sizes()
-        big = int(sizes.argmax())
-        if sizes[big] > limit:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"message {big} is {int(sizes[big])} bytes; the limit is {limit} bytes")
-        if cols.size > self.node.config.max_batch_bytes:
-            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"request carries {cols.size} bytes; the batch limit is "
-                               f"{self.node.config.max_batch_bytes} bytes")
-        if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
-            i = int(keyless.argmax())
-            raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
-                          f"a key (message {i} of the batch has none)")
 
     @staticmethod
     def _result(queue, res):
@@ -326,7 +220,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                                f"offset {request.offset} is out of range for {cfg['name']}/{request.queue}: "
                                f"earliest={earliest} latest={latest}")
         if request.offset == latest and request.wait_ms:
-            ql = self._wait_for_data(cfg, request, g)
+            ql = self.node.wait_for_data(cfg, request.queue, request.offset,
+                                         min(request.wait_ms, MAX_WAIT_MS) / 1000)
         batches = b""
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
         if (ql is not None and request.local_host and request.local_host == host_id()
@@ -340,28 +235,17 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             batches = ql.read_view(request.offset, max_bytes)
             batches = self._cap_messages(batches, request.offset, request.max_messages)
             earliest, latest = ql.earliest, ql.next_offset
-        nxt = codec.next_offset(batches, request.offset)
+        nxt = framing.next_offset(batches, request.offset)
         batches = filter_batches(batches, wanted)
         # Encoded here, not through a FetchResponse object: see fetchwire.
         return encode_fetch_response(batches, nxt, earliest, latest, self.node.config.address)
-
-    def _wait_for_data(self, cfg, request, g):
-        st = self.node.states[g]
-        deadline = time.monotonic() + min(request.wait_ms, MAX_WAIT_MS) / 1000
-        with st.cond:
-            while True:
-                _, ql = self.node.queue_log(cfg, request.queue)
-                left = deadline - time.monotonic()
-                if (ql is not None and ql.next_offset > request.offset) or left <= 0:
-                    return ql
-                st.cond.wait(left)
 
     @staticmethod
     def _cap_messages(batches: bytes | memoryview, offset: int, max_messages: int) -> bytes | memoryview:
         if not max_messages:
             return batches
         keep = 0
-        for h in codec.iter_batches(batches, verify=False):
+        for h in framing.iter_batches(batches, verify=False):
             if keep and h.base_offset - offset >= max_messages:
                 break
             keep = h.position + h.size
@@ -373,7 +257,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         check_topic_name(request.topic)
         cfg = self.node.topic(request.topic)
         if request.group:
-            if request.group not in self.node.states:
+            if not 1 <= request.group <= self.node.config.groups:
                 raise invalid(f"group {request.group}: valid data groups are 1..{self.node.config.groups}")
             self.node.require_leader(request.group)
         resp = rmq_pb2.OffsetsResponse()
@@ -396,8 +280,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         return rmq_pb2.OffsetForTimestampResponse(offset=off)
 
     def _check_group_topic(self, group: str, topic: str, queues=()) -> dict:
-        if not GROUP_RE.match(group or ""):
-            raise invalid(f"consumer_group {group!r} is invalid: use 1-255 characters from [A-Za-z0-9_.:-]")
+        check_group(group)
         check_topic_name(topic)
         return self.node.topic(topic, queue=max(queues, default=-1))
 
@@ -408,8 +291,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             check_queue(cfg, q)
             if off < 0:
                 raise invalid(f"offset {off} for queue {q} is negative")
-        self.node.meta_command(("commit_offsets", request.consumer_group, request.topic,
-                                dict(request.offsets)))
+        self.node.meta_command(CommitOffsets(request.consumer_group, request.topic, dict(request.offsets)))
         return rmq_pb2.CommitOffsetsResponse()
 
     @_guard
@@ -434,7 +316,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             check_queue(cfg, q)
             if off < 0:
                 raise invalid(f"watermark {off} for queue {q} is negative")
-        self.node.meta_command(("set_watermark", request.topic, request.kind, dict(request.offsets)))
+        self.node.meta_command(SetWatermark(request.topic, request.kind, dict(request.offsets)))
         return rmq_pb2.SetWatermarkResponse()
 
     @_guard
@@ -449,8 +331,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             raise invalid(f"ttl_ms={request.ttl_ms}: use 1-{MAX_LEASE_MS} to take or renew, "
                           "0 to release")
         granted, holder, expires = self.node.meta_command(
-            ("lease", request.topic, request.kind, request.owner, request.ttl_ms,
-             int(time.time() * 1000)))
+            Lease(request.topic, request.kind, request.owner, request.ttl_ms, int(time.time() * 1000)))
         return rmq_pb2.LeaseResponse(granted=granted, holder=holder, expires_ms=expires)
 
     # ----------------------------------------------------------------- status
@@ -481,7 +362,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     def ReplicaFetch(self, request, context):
         data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
                                       request.max_bytes or DEFAULT_FETCH_BYTES)
-        return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=codec.next_offset(data, request.offset))
+        return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=framing.next_offset(data, request.offset))
 
 
 SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"]

@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from . import codec
+from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
+from ..log.retention import SegmentInfo, retention_cutoff
+from ..proto import rmq_pb2, rmq_pb2_grpc
+from ..protocol import framing
+from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, raft_address
+from ..raft.group import RaftGroup, RaftLoop, RaftTiming
+from ..raft.groupcommit import CommitFailed, GroupCommitter
+from ..statemachine.commands import Drop, MetaCommand, Produce, ProduceItem, Truncate
+from ..statemachine.data import DataState, parse_queue_dir, queue_dir
+from ..statemachine.meta import MetaState
 from .errors import NotLeader, ServiceError, not_found
-from .groupcommit import CommitFailed, GroupCommitter
-from .compaction import CompactionPolicy, cleanable_end, compact_queue
-from .meta import MetaState
-from .raft import RaftGroup, RaftLoop, RaftTiming
-from .retention import SegmentInfo, retention_cutoff
-from .routing import GRPC_OPTIONS, META_GROUP, group_of, raft_address
-from .state import DataState, parse_queue_dir, queue_dir
-from .proto import rmq_pb2, rmq_pb2_grpc
 
 __all__ = ["NodeConfig", "StorageNode"]
 
@@ -72,7 +73,8 @@ class StorageNode:
             st.fetch_range = self.fetch_from_peers
             self.states[g] = st
             self.groups[g] = self._raft(g, st)
-            self.committers[g] = GroupCommitter(self.groups[g], max_entry_bytes=config.max_batch_bytes * 2)
+            self.committers[g] = GroupCommitter(self.groups[g], _produce_entry,
+                                                max_entry_bytes=config.max_batch_bytes * 2)
         self.raft_loop.start()
         # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
         self._compacted: dict = {}
@@ -149,9 +151,15 @@ class StorageNode:
         g = self.group_of(cfg["name"], queue)
         return g, self.states[g].queue(queue_dir(cfg["name"], cfg["incarnation"], queue), create)
 
-    def meta_command(self, cmd: tuple):
+    def wait_for_data(self, cfg: dict, queue: int, offset: int, timeout: float):
+        """The queue's log once it holds a record at ``offset``, or after ``timeout`` s."""
+        g = self.group_of(cfg["name"], queue)
+        return self.states[g].wait_for_queue(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, timeout)
+
+    def meta_command(self, cmd: MetaCommand):
+        """Commit a metadata command through this node (the metadata leader); its value."""
         raft = self.require_leader(META_GROUP)
-        result = self._commit(raft, cmd)
+        result = self._commit(raft, cmd.encode())
         if result[0] == "error":
             raise ServiceError(getattr(grpc.StatusCode, result[1]), result[2])
         return result[1]
@@ -183,8 +191,8 @@ class StorageNode:
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result."""
         g = self.group_of(cfg["name"], queue)
         self.require_leader(g)
-        item = (queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                int(time.time() * 1000), count, block)
+        item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
+                           int(time.time() * 1000), count, block)
         return g, self.committers[g].submit(item, len(block))
 
     def wait_produce(self, g: int, fut: Future):
@@ -230,7 +238,7 @@ class StorageNode:
             return b""
         data = ql.read(start, max_bytes)
         keep = 0
-        for h in codec.iter_batches(data, verify=False):
+        for h in framing.iter_batches(data, verify=False):
             # The first batch goes even when it starts at or past end: on a
             # compacted queue the records in [start, end) may all be gone.
             if keep and h.base_offset >= end:
@@ -277,12 +285,12 @@ class StorageNode:
                 cfg = self.meta.topic(topic)
                 if cfg is None or cfg["incarnation"] != inc:
                     if self.meta.is_deleted(inc):
-                        self._commit(raft, ("drop", name))
+                        self._commit(raft, Drop(name).encode())
                         proposed += 1
                     continue
                 cut = self._cutoff(cfg, q, ql, now_ms)
                 if cut > ql.earliest:
-                    self._commit(raft, ("truncate", name, cut))
+                    self._commit(raft, Truncate(name, cut).encode())
                     proposed += 1
         return proposed
 
@@ -345,3 +353,8 @@ class StorageNode:
         with self._channels_lock:
             for ch in self._channels.values():
                 ch.close()
+
+
+def _produce_entry(items: list[ProduceItem]) -> tuple:
+    """The raft entry of produce items drained together (group commit)."""
+    return Produce(tuple(items)).encode()

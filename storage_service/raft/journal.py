@@ -63,8 +63,7 @@ import threading
 import crc32c
 from pysyncobj.journal import Journal
 
-from .errors import fatal
-from .segment import fsync_dir
+from ..log.durability import fatal, fsync_dir
 
 __all__ = ["DurableJournal", "FSYNC_POLICIES"]
 

@@ -1,11 +1,7 @@
-"""Per-queue segment files: the storage engine under one message queue.
+"""One message queue on disk: an append-only list of segments (``segment.py``).
 
-A queue directory holds segments named by their base offset::
-
-    00000000000000000000.log   framed record batches (storage_service.codec)
-    00000000000000000000.idx   sparse offset index: (u64 offset, u64 position)
-    00000000000000000000.tix   sparse time index:   (i64 store_ts, u64 offset)
-    earliest                   logical earliest offset (retention may cut here)
+A queue directory holds its segments (named by base offset) and a file
+``earliest``: the logical earliest offset (retention may cut here).
 
 Only the tail segment is scanned on open; a torn or corrupt tail is cut off
 there (the raft log or a peer supplies it again). Memory per queue is a few
@@ -17,101 +13,18 @@ import bisect
 import logging
 import mmap
 import os
-import struct
 import threading
-from dataclasses import dataclass, field
 
-from . import codec
+from ..protocol import framing
+from .durability import drop_pages, fsync_dir
+from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, open_sealed, read_pairs,
+                      read_segment, recover_tail, segment_name, span_in, write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
 log = logging.getLogger(__name__)
 
-IDX_ENTRY = struct.Struct("<QQ")
-SEGMENT_FILES = ("log", "idx", "tix")
-TIX_ENTRY = struct.Struct("<qQ")
 DEFAULT_CACHE_BYTES = 8 << 20
-
-
-def _drop_pages(fd: int, start: int, length: int) -> None:
-    """Let the kernel drop a synced range of a file from the page cache
-    (``length`` 0: to the end). Clean pages only: never loses data.
-
-    Why (``QueueLog``): an append-only log touches new page-cache memory with
-    every byte it writes. On this project's VMs (Firecracker, free page
-    reporting) memory the guest has not used recently is backed by the host
-    on first touch: a write into it cost 1.5-3 CPU s/GB against 0.3 s/GB
-    into pages freed a moment before (``bench/README.md``). Dropping what is
-    synced keeps a node's page cache from growing with the data written, so
-    the kernel reuses those pages for the next appends.
-    """
-    if hasattr(os, "posix_fadvise"):      # Linux; elsewhere the cache just grows
-        os.posix_fadvise(fd, start, length, os.POSIX_FADV_DONTNEED)
-
-
-def _name(base: int, ext: str) -> str:
-    return f"{base:020d}.{ext}"
-
-
-def fsync_dir(path: str) -> None:
-    """Make the entries of a directory (files created, renamed, removed) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    n = len(data) // st.size
-    return [st.unpack_from(data, i * st.size) for i in range(n)]
-
-
-def _index_position(idx: list[tuple[int, int]], offset: int) -> int:
-    """Byte position of the last sparse-index entry at or below ``offset`` (0 if none)."""
-    i = bisect.bisect_right([o for o, _ in idx], offset) - 1
-    return idx[i][1] if i >= 0 else 0
-
-
-@dataclass(frozen=True)
-class FileSpan:
-    """Whole batches in a segment file, as ``QueueLog.locate`` found them."""
-    path: str
-    position: int
-    length: int
-    next_offset: int       # the offset after the last record in the span
-    inode: int             # of the file the span was found in (a rewrite is a new file)
-    device: int
-
-
-@dataclass
-class Segment:
-    base: int
-    path: str
-    next_offset: int
-    size: int
-    first_ts: int = -1
-    last_ts: int = -1
-    last_position: int = 0
-    fd: int | None = field(default=None, repr=False)
-
-    def file(self, ext: str) -> str:
-        return os.path.join(self.path, _name(self.base, ext))
-
-    def open_fd(self) -> int:
-        if self.fd is None:
-            self.fd = os.open(self.file("log"), os.O_RDONLY)
-        return self.fd
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class QueueLog:
@@ -151,9 +64,10 @@ class QueueLog:
         bases = sorted(int(f[:-4]) for f in os.listdir(self.path) if f.endswith(".log"))
         self._earliest = self._read_earliest()
         for base in bases[:-1]:
-            self.segments.append(self._open_sealed(base))
+            self.segments.append(open_sealed(self.path, base))
         if bases:
-            self.segments.append(self._recover_tail(bases[-1]))
+            seg, self._idx_since, self.recent = recover_tail(self.path, bases[-1], self.index_interval)
+            self.segments.append(seg)
         else:
             self._new_segment(self._earliest)
         self._earliest = max(self._earliest, self.segments[0].base)
@@ -171,9 +85,9 @@ class QueueLog:
             if f.endswith(".swap"):
                 base = int(f[:-5])
                 for ext in SEGMENT_FILES:
-                    cleaned = os.path.join(self.path, _name(base, ext) + ".cleaned")
+                    cleaned = os.path.join(self.path, segment_name(base, ext) + ".cleaned")
                     if os.path.exists(cleaned):
-                        os.replace(cleaned, os.path.join(self.path, _name(base, ext)))
+                        os.replace(cleaned, os.path.join(self.path, segment_name(base, ext)))
                 os.unlink(os.path.join(self.path, f))
                 log.warning("queue %s: finished the compaction swap of segment %d after a restart",
                             self.path, base)
@@ -197,69 +111,11 @@ class QueueLog:
                 os.fsync(f.fileno())
         os.replace(tmp, os.path.join(self.path, "earliest"))
 
-    def _open_sealed(self, base: int) -> Segment:
-        seg = Segment(base, self.path, base, os.path.getsize(os.path.join(self.path, _name(base, "log"))))
-        # The last batch gives next offset / last ts; read it via the index.
-        idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
-        tix = _read_pairs(seg.file("tix"), TIX_ENTRY)
-        start = idx[-1][1] if idx else 0
-        with open(seg.file("log"), "rb") as f:
-            f.seek(start)
-            tail = f.read()
-        valid, headers = codec.scan_valid_prefix(tail)
-        if headers:
-            seg.next_offset = headers[-1].next_offset
-            seg.last_ts = headers[-1].store_ts
-            seg.last_position = headers[-1].apply_position
-        seg.first_ts = tix[0][0] if tix else seg.last_ts
-        if start + valid != seg.size:
-            log.warning("segment %s: %d bytes past the last valid batch in a sealed segment",
-                        seg.file("log"), seg.size - start - valid)
-        return seg
-
-    def _recover_tail(self, base: int) -> Segment:
-        seg = Segment(base, self.path, base, 0)
-        with open(seg.file("log"), "rb") as f:
-            data = f.read()
-        valid, headers = codec.scan_valid_prefix(data)
-        if valid != len(data):
-            log.warning("queue %s: truncating torn/corrupt tail of %s at byte %d (%d bytes cut)",
-                        self.path, seg.file("log"), valid, len(data) - valid)
-            with open(seg.file("log"), "r+b") as f:
-                f.truncate(valid)
-                os.fsync(f.fileno())
-        seg.size = valid
-        # Rebuild both indexes from the scan: cheap, and they may be torn too.
-        idx, tix, since = [], [], self.index_interval
-        for h in headers:
-            if since >= self.index_interval:
-                idx.append((h.base_offset, h.position))
-                tix.append((h.store_ts, h.base_offset))
-                since = 0
-            since += h.size
-        self._idx_since = since
-        self._rewrite(seg.file("idx"), IDX_ENTRY, idx)
-        self._rewrite(seg.file("tix"), TIX_ENTRY, tix)
-        # apply position -> (base offset, store ts) of the tail's batches, so a
-        # journal replay after restart can answer a retry with real offsets.
-        self.recent = {h.apply_position: (h.base_offset, h.store_ts) for h in headers}
-        if headers:
-            seg.next_offset = headers[-1].next_offset
-            seg.first_ts = headers[0].store_ts
-            seg.last_ts = headers[-1].store_ts
-            seg.last_position = headers[-1].apply_position
-        return seg
-
-    @staticmethod
-    def _rewrite(path: str, st: struct.Struct, pairs) -> None:
-        with open(path, "wb") as f:
-            f.write(b"".join(st.pack(*p) for p in pairs))
-
     def _new_segment(self, base: int) -> Segment:
         seg = Segment(base, self.path, base, 0)
         open(seg.file("log"), "ab").close()
-        self._rewrite(seg.file("idx"), IDX_ENTRY, [])
-        self._rewrite(seg.file("tix"), TIX_ENTRY, [])
+        write_pairs(seg.file("idx"), IDX_ENTRY, [])
+        write_pairs(seg.file("tix"), TIX_ENTRY, [])
         self.segments.append(seg)
         self._idx_since = self.index_interval
         return seg
@@ -308,11 +164,11 @@ class QueueLog:
         return sum(s.size for s in self.segments)
 
     # --------------------------------------------------------------- writes
-    def append(self, frame, h: codec.BatchHeader, gap_ok: bool = False) -> None:
+    def append(self, frame, h: framing.BatchHeader, gap_ok: bool = False) -> None:
         """Append one framed batch whose base offset must equal next_offset
         (or be past it, with ``gap_ok``: a compacted peer's batch).
 
-        ``frame`` is the batch's bytes, or its parts (``codec.frame_parts``).
+        ``frame`` is the batch's bytes, or its parts (``framing.frame_parts``).
         """
         with self.lock:
             if h.base_offset != self.next_offset and not (gap_ok and h.base_offset > self.next_offset):
@@ -347,7 +203,7 @@ class QueueLog:
         """
         n = 0
         mv = memoryview(frames)
-        for h in codec.iter_batches(mv):
+        for h in framing.iter_batches(mv):
             self.append(bytes(mv[h.position:h.position + h.size]), h, gap_ok=True)
             n += 1
         return n
@@ -364,7 +220,7 @@ class QueueLog:
         idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
         with open(cleaned["log"], "wb") as f:
             for frame in frames:
-                h = next(codec.iter_batches(frame, verify=False))
+                h = next(framing.iter_batches(frame, verify=False))
                 if since >= self.index_interval:
                     idx.append((h.base_offset, pos))
                     tix.append((h.store_ts, h.base_offset))
@@ -377,7 +233,7 @@ class QueueLog:
             f.flush()
             os.fsync(f.fileno())
         for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
-            self._rewrite(cleaned[ext], st, pairs)
+            write_pairs(cleaned[ext], st, pairs)
             with open(cleaned[ext], "rb+") as f:
                 os.fsync(f.fileno())
         with self.lock:
@@ -400,7 +256,7 @@ class QueueLog:
     def _roll(self) -> None:
         self.sync()
         if self.fsync_enabled:    # a sealed segment is read rarely: all of it leaves the cache
-            _drop_pages(self._wfd, 0, 0)
+            drop_pages(self._wfd, 0, 0)
         self._new_segment(self.next_offset)
         self._open_writer()
 
@@ -418,7 +274,7 @@ class QueueLog:
         was appended meanwhile. It keeps the dirty data small, so the sync a
         raft snapshot must make (on the raft thread) has little left to do.
         Then what it synced, less the last ``cache_bytes``, leaves the page
-        cache (``_drop_pages``).
+        cache (``durability.drop_pages``).
         """
         with self.lock:
             if not (self._dirty and self._wfd is not None and self.fsync_enabled):
@@ -432,7 +288,7 @@ class QueueLog:
                     self._dirty = False
                 drop = self._claim_uncached(synced) if self.segments[-1] is seg else None
             if drop:
-                _drop_pages(fd, *drop)
+                drop_pages(fd, *drop)
         finally:
             os.close(fd)
 
@@ -478,7 +334,7 @@ class QueueLog:
         """Round an offset down to the first offset of the batch holding it."""
         if offset >= self.next_offset:
             return offset
-        for h in codec.iter_batches(self.read(offset, 1), verify=False):
+        for h in framing.iter_batches(self.read(offset, 1), verify=False):
             return max(h.base_offset, self._earliest)
         return offset
 
@@ -518,7 +374,7 @@ class QueueLog:
     def read_view(self, offset: int, max_bytes: int) -> bytes | memoryview:
         """``read``, but the answer may be a view of what was read from the file
         (the batches before ``offset`` cut off) instead of a copy."""
-        return self._in_segments(offset, b"", lambda seg, fd, size, idx, off: self._read_segment(
+        return self._in_segments(offset, b"", lambda seg, fd, size, idx, off: read_segment(
             seg, fd, size, idx, off, max_bytes))
 
     def locate(self, offset: int, max_bytes: int) -> FileSpan | None:
@@ -531,7 +387,7 @@ class QueueLog:
         when nothing is at or after ``offset``.
         """
         def in_segment(seg: Segment, fd: int, size: int, idx, off: int) -> FileSpan | None:
-            span = self._span_in(fd, size, idx, off, max_bytes)
+            span = span_in(fd, size, idx, off, max_bytes)
             if span is None:
                 return None
             first, stop, nxt = span
@@ -554,7 +410,7 @@ class QueueLog:
                 # A private fd: compaction or retention may close the segment's.
                 fd = os.dup(seg.open_fd())
                 size = seg.size
-                idx = _read_pairs(seg.file("idx"), IDX_ENTRY)
+                idx = read_pairs(seg.file("idx"), IDX_ENTRY)
             try:
                 out = fn(seg, fd, size, idx, offset)
             finally:
@@ -562,74 +418,6 @@ class QueueLog:
             if out or following is None:
                 return out if out else nothing
             offset = max(offset, following)   # nothing at or after offset here: the next segment
-
-    @staticmethod
-    def _span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, int, int] | None:
-        """(first, stop, next offset) of the batches ``_read_segment`` would return."""
-        if size == 0:
-            return None
-        pos = _index_position(idx, offset)
-        first = stop = nxt = None
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
-            while pos < size:
-                h = codec.header_at(m, pos)
-                if h.last_offset < offset:
-                    # CRC-checked as _read_segment does: a bad header must never make
-                    # a read jump over data (the reader checks only the span's batches).
-                    codec.header_at(m, pos, verify=True)
-                    pos += h.size
-                    continue
-                pos += h.size
-                if first is not None and stop - first + h.size > max_bytes:
-                    break
-                first = h.position if first is None else first
-                stop, nxt = h.position + h.size, h.next_offset
-        return None if first is None else (first, stop, nxt)
-
-    def _read_segment(self, seg: Segment, fd: int, size: int, idx, offset: int,
-                      max_bytes: int) -> bytes | memoryview:
-        pos = _index_position(idx, offset)
-        out: list[memoryview] = []
-        total = 0
-        hs = codec.BATCH_HEADER.size
-        while pos < size and total < max_bytes:
-            first_len = hs + codec.BATCH_HEADER.unpack(os.pread(fd, hs, pos))[0]
-            want = min(max(max_bytes - total, first_len, 64 << 10), size - pos)
-            data = memoryview(os.pread(fd, want, pos))
-            end = self._whole_prefix(data)
-            if end == 0:
-                raise codec.CorruptBatch(pos, f"segment {seg.file('log')} ends inside a batch")
-            # CRC-check every batch parsed, also the ones skipped: a bad header
-            # must never make a read silently jump over data.
-            first = stop = None
-            for h in codec.iter_batches(data[:end]):
-                if h.last_offset < offset:
-                    continue
-                if total and total + h.size > max_bytes:
-                    end = 0
-                    break
-                first = h.position if first is None else first
-                stop = h.position + h.size
-                total += h.size
-            if first is not None:
-                out.append(data[first:stop])     # the kept batches are contiguous: one view, no copy
-            if end == 0:
-                break
-            pos += end
-        if len(out) == 1:
-            return out[0].obj if len(out[0]) == len(out[0].obj) else out[0]
-        return b"".join(out)
-
-    @staticmethod
-    def _whole_prefix(data: bytes) -> int:
-        pos = 0
-        hs = codec.BATCH_HEADER.size
-        while pos + hs <= len(data):
-            body_len = codec.BATCH_HEADER.unpack_from(data, pos)[0]
-            if pos + hs + body_len > len(data):
-                break
-            pos += hs + body_len
-        return pos
 
     def offset_for_timestamp(self, ts: int) -> int:
         """First offset whose store timestamp is >= ts (next_offset if none)."""
@@ -641,7 +429,7 @@ class QueueLog:
             if seg.last_ts < ts or seg.next_offset <= earliest:
                 continue
             start = max(seg.base, earliest)
-            tix = _read_pairs(seg.file("tix"), TIX_ENTRY)
+            tix = read_pairs(seg.file("tix"), TIX_ENTRY)
             i = bisect.bisect_left([t for t, _ in tix], ts) - 1
             if i >= 0:
                 start = max(start, tix[i][1])
@@ -650,7 +438,7 @@ class QueueLog:
                 data = self.read(off, 1 << 20)
                 if not data:
                     break
-                for h in codec.iter_batches(data, verify=False):
+                for h in framing.iter_batches(data, verify=False):
                     if h.store_ts >= ts and h.next_offset > earliest:
                         return max(h.base_offset, earliest)
                     off = h.next_offset

@@ -11,6 +11,9 @@ import json
 import threading
 import uuid
 
+from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetWatermark, UnknownCommand,
+                       decode_command)
+
 __all__ = ["MetaState", "TOPIC_DEFAULTS", "queue_growth_error"]
 
 TOPIC_DEFAULTS = {
@@ -34,14 +37,21 @@ class MetaState:
         self.leases: dict[str, dict[str, list]] = {}       # topic -> kind -> [owner, expires_ms]
         self.lock = threading.Lock()
 
-    def apply(self, raft_index: int, cmd: tuple):
-        handler = getattr(self, "_cmd_" + cmd[0], None)
+    def apply(self, raft_index: int, raw: tuple):
+        """Apply one committed entry (the replicated tuple); returns ("ok", value) or
+        ("error", status code name, message)."""
+        try:
+            cmd = decode_command(raw)
+        except UnknownCommand as e:
+            return ("error", "INVALID_ARGUMENT", str(e))
+        handler = self._HANDLERS.get(type(cmd))
         if handler is None:
-            return ("error", "INVALID_ARGUMENT", f"unknown command {cmd[0]!r}")
+            return ("error", "INVALID_ARGUMENT", f"command {cmd.KIND!r} is not for the metadata group")
         with self.lock:
-            return handler(raft_index, *cmd[1:])
+            return handler(self, raft_index, cmd)
 
-    def _cmd_create_topic(self, raft_index, cfg: dict, created_ms: int):
+    def _create_topic(self, raft_index: int, cmd: CreateTopic):
+        cfg, created_ms = cmd.config, cmd.created_ms
         name = cfg["name"]
         if name in self.topics:
             return ("error", "ALREADY_EXISTS", f"topic {name!r} already exists")
@@ -53,7 +63,8 @@ class MetaState:
         self.topics[name] = full
         return ("ok", full)
 
-    def _cmd_alter_topic(self, raft_index, name: str, changes: dict):
+    def _alter_topic(self, raft_index: int, cmd: AlterTopic):
+        name, changes = cmd.name, cmd.changes
         if name not in self.topics:
             return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
         have, want = self.topics[name]["queues"], changes.get("queues")
@@ -63,7 +74,8 @@ class MetaState:
         self.topics[name].update(changes)
         return ("ok", self.topics[name])
 
-    def _cmd_delete_topic(self, raft_index, name: str):
+    def _delete_topic(self, raft_index: int, cmd: DeleteTopic):
+        name = cmd.name
         cfg = self.topics.pop(name, None)
         if cfg is None:
             return ("error", "NOT_FOUND", f"topic {name!r} does not exist")
@@ -74,14 +86,16 @@ class MetaState:
             topics.pop(name, None)
         return ("ok", cfg)
 
-    def _cmd_commit_offsets(self, raft_index, group: str, topic: str, offsets: dict):
+    def _commit_offsets(self, raft_index: int, cmd: CommitOffsets):
+        group, topic, offsets = cmd.consumer_group, cmd.topic, cmd.offsets
         if topic not in self.topics:
             return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
         cur = self.offsets.setdefault(group, {}).setdefault(topic, {})
         cur.update({str(q): int(o) for q, o in offsets.items()})
         return ("ok", None)
 
-    def _cmd_set_watermark(self, raft_index, topic: str, kind: str, offsets: dict):
+    def _set_watermark(self, raft_index: int, cmd: SetWatermark):
+        topic, kind, offsets = cmd.topic, cmd.kind, cmd.offsets
         if topic not in self.topics:
             return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
         cur = self.watermarks.setdefault(topic, {}).setdefault(kind, {})
@@ -89,9 +103,10 @@ class MetaState:
             cur[str(q)] = max(int(o), cur.get(str(q), -1))
         return ("ok", None)
 
-    def _cmd_lease(self, raft_index, topic: str, kind: str, owner: str, ttl_ms: int, now_ms: int):
+    def _lease(self, raft_index: int, cmd: Lease):
         """Take, renew (ttl_ms > 0) or release (0) ``owner``'s lease; ("ok", (granted,
         holder, expires_ms)). A lease held by another owner is taken only once it lapsed."""
+        topic, kind, owner, ttl_ms, now_ms = cmd.topic, cmd.kind, cmd.owner, cmd.ttl_ms, cmd.now_ms
         if topic not in self.topics:
             return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
         leases = self.leases.setdefault(topic, {})
@@ -105,7 +120,15 @@ class MetaState:
         leases[kind] = [owner, now_ms + ttl_ms]
         return ("ok", (True, owner, now_ms + ttl_ms))
 
+    _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
+                 CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease}
+
     # ---------------------------------------------------------------- queries
+    def list_topics(self) -> list[dict]:
+        """Every topic's config, by name."""
+        with self.lock:
+            return [dict(t) for _, t in sorted(self.topics.items())]
+
     def topic(self, name: str) -> dict | None:
         with self.lock:
             t = self.topics.get(name)

@@ -30,8 +30,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import codec, records
-from .segment import QueueLog, Segment
+from ..protocol import framing, records
+from .queue_log import QueueLog
+from .segment import Segment
 
 __all__ = ["CompactionPolicy", "CompactionResult", "compact_queue", "cleanable_end"]
 
@@ -62,11 +63,11 @@ def cleanable_end(ql: QueueLog, p: CompactionPolicy) -> int:
     return end
 
 
-def _segment_blocks(seg: Segment) -> tuple[bytes, list[tuple[codec.BatchHeader, records.Columns]]]:
+def _segment_blocks(seg: Segment) -> tuple[bytes, list[tuple[framing.BatchHeader, records.Columns]]]:
     """A sealed segment's bytes and every batch in it with its parsed records (CRC-checked)."""
     with open(seg.file("log"), "rb") as f:
         data = f.read()
-    return data, list(codec.iter_blocks(data, deep_check=False))
+    return data, list(framing.iter_blocks(data, deep_check=False))
 
 
 def _keys(cols: records.Columns) -> list[bytes]:
@@ -118,7 +119,7 @@ def compact_queue(ql: QueueLog, p: CompactionPolicy, end: int | None = None) -> 
             if len(keep) == cols.n:
                 frames.append(data[h.position:h.position + h.size])
             elif keep:
-                frames.append(codec.frame_batch(h.base_offset, h.store_ts, len(keep), h.apply_position,
+                frames.append(framing.frame_batch(h.base_offset, h.store_ts, len(keep), h.apply_position,
                                                 records.select(cols, keep)))
         if not seg_dropped:
             continue

@@ -29,7 +29,6 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 """
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import struct
@@ -41,13 +40,12 @@ from typing import Callable, Protocol
 import pysyncobj.pickle
 import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf, replicated
-from pysyncobj.poller import PollPoller
 from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
-from . import _wire
-from .errors import fatal
+from . import transport
 from .journal import DurableJournal
+from .loop import RaftLoop, capped_match_index, loop_poller
 
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
 
@@ -55,7 +53,7 @@ log = logging.getLogger(__name__)
 _LEN = struct.Struct("<QQQ")
 
 
-_wire.install()   # see storage_service/_wire.py
+transport.install()   # see storage_service/raft/transport.py
 
 
 class StateMachine(Protocol):
@@ -77,156 +75,6 @@ class RaftTiming:
     compaction_entries: int = 2000   # snapshot after this many entries ...
     compaction_bytes: int = 64 << 20  # ... or this much journal
     compaction_seconds: float = 60.0
-
-
-def capped_match_index(match: dict, durable_idx: int) -> dict:
-    """Followers' match indexes as the leader may count them while its own
-    journal is durable only up to ``durable_idx``.
-
-    pysyncobj counts the leader's copy of every entry towards a commit. For an
-    entry past ``durable_idx`` that copy could still vanish with the page
-    cache, so a majority must come from followers alone. Capping the most
-    advanced follower at ``durable_idx`` does exactly that: up to
-    ``durable_idx`` every follower counts as before; past it, the leader's
-    count of 1 stands in for the capped follower, so only the other
-    followers' copies are counted, plus that one (a real, durable copy).
-    """
-    counted = dict(match)
-    if counted:
-        top = max(counted, key=counted.get)
-        counted[top] = min(counted[top], durable_idx)
-    return counted
-
-
-class _LoopPoller:
-    """What one group of a RaftLoop sees as its poller: subscriptions go to the
-    loop's poller; ``poll`` does nothing (the loop polls once for all groups)."""
-
-    def __init__(self, poller: PollPoller):
-        self._poller = poller
-
-    def subscribe(self, descr, callback, eventMask):
-        def guarded(fd, event):
-            # One group's failing handler must not skip the other groups'
-            # events of this poll (they would wait for the next one).
-            try:
-                callback(fd, event)
-            except Exception:
-                log.exception("raft loop: event handler failed")
-        self._poller.subscribe(descr, guarded, eventMask)
-
-    def unsubscribe(self, descr):
-        self._poller.unsubscribe(descr)
-
-    def poll(self, timeout):
-        pass
-
-
-class RaftLoop:
-    """One thread that ticks every raft group of a node.
-
-    With a thread per group, each of a node's G+1 groups wakes on its own, and
-    every wake-up is a GIL hand-over and a context switch; on two cores under
-    produce load that cost more than the raft work itself. Here the groups
-    share one poller: the thread polls once for all their sockets and pipes,
-    then runs each group's tick without waiting.
-    """
-    _construct = threading.Lock()   # createPoller is swapped while a group is built
-
-    def __init__(self, tick: float = 0.1, name: str = "raft"):
-        self.tick = tick
-        self.poller = PollPoller()
-        self.groups: list["RaftGroup"] = []
-        # Journal syncs run on a thread of their own: waiting for the disk on
-        # the raft thread held up every group of the node (under produce load
-        # about 30% of its time went to fdatasync). Success replies wait here
-        # until their entries are durable.
-        self._to_sync: collections.deque = collections.deque()
-        self._sync_wanted = threading.Condition()
-        self._acks: list[tuple] = []
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
-
-    def add(self, group: "RaftGroup") -> None:
-        self.groups.append(group)
-
-    def start(self) -> None:
-        self._thread.start()
-        self._syncer.start()
-
-    @property
-    def running(self) -> bool:
-        return self._running
-
-    # -------------------------------------------------------------- syncs
-    def request_sync(self, group: "RaftGroup") -> None:
-        """Sync the group's journal soon, then wake the loop (loop thread)."""
-        with self._sync_wanted:
-            if group not in self._to_sync:
-                self._to_sync.append(group)
-                self._sync_wanted.notify()
-
-    def defer_ack(self, group: "RaftGroup", node, reset: bool, next_idx: int) -> None:
-        """Send a follower's success reply once the entries it covers are durable (loop thread)."""
-        self._acks.append((group, node, reset, next_idx, group.journal.truncations, group.raftCurrentTerm))
-        if group.journal.durable_idx < next_idx - 1:
-            self.request_sync(group)
-
-    def _send_ready_acks(self) -> None:
-        if not self._acks:
-            return
-        waiting = []
-        for ack in self._acks:
-            g, node, reset, next_idx, truncations, term = ack
-            if g.journal.truncations != truncations or g.raftCurrentTerm != term:
-                # The entries it covers were dropped, or a newer term began
-                # (a leader of that term must not count it): replies are
-                # cumulative, the next one covers what this one would have.
-                continue
-            if g.journal.durable_idx >= next_idx - 1:
-                g.send_success(node, reset, next_idx, term)
-            else:
-                waiting.append(ack)
-        self._acks = waiting
-
-    def _sync_journals(self) -> None:
-        while self._running:
-            with self._sync_wanted:
-                while not self._to_sync and self._running:
-                    self._sync_wanted.wait(self.tick)
-                group = self._to_sync.popleft() if self._to_sync else None
-            if group is None:
-                continue
-            try:
-                group.journal.sync_behind()
-            except OSError as e:
-                fatal(f"group {group.group_id}: journal sync failed ({e})")
-            try:
-                group.wake()
-            except Exception:            # a full wake-up pipe: the loop is awake anyway
-                pass
-
-    # --------------------------------------------------------------- loop
-    def _run(self) -> None:
-        while self._running:
-            for g in self.groups:
-                g.tick(0.0)
-            try:
-                self._send_ready_acks()
-                self.poller.poll(self.tick)
-                self._send_ready_acks()
-            except Exception:
-                log.exception("raft loop: poll failed")
-                time.sleep(self.tick)
-
-    def stop(self) -> None:
-        self._running = False
-        with self._sync_wanted:
-            self._sync_wanted.notify_all()
-        for t in (self._thread, self._syncer):
-            if t.is_alive() and t is not threading.current_thread():
-                t.join(timeout=5)
 
 
 class RaftGroup(SyncObj):
@@ -260,7 +108,7 @@ class RaftGroup(SyncObj):
         with RaftLoop._construct:          # every construction: createPoller may be swapped
             make = pysyncobj.syncobj.createPoller
             if loop is not None:
-                pysyncobj.syncobj.createPoller = lambda _type: _LoopPoller(loop.poller)
+                pysyncobj.syncobj.createPoller = lambda _type: loop_poller(loop)
             try:
                 super().__init__(self_addr, others, conf)
             finally:

@@ -1,7 +1,7 @@
 """The replicated state machine of one data raft group (no network here).
 
-Every committed raft entry of a data group is a command tuple applied by
-``DataState.apply``; the results go back to the waiting produce calls. The
+Every committed raft entry of a data group is a command (``commands.py``:
+``Produce``, ``Truncate``, ``Drop``) applied by ``DataState.apply``; the results go back to the waiting produce calls. The
 state is the set of queue logs on disk plus the producer-dedupe table.
 
 Apply is idempotent per queue: each batch carries its apply position (raft
@@ -21,11 +21,13 @@ import logging
 import os
 import shutil
 import threading
+import time
 from typing import Callable
 
-from . import codec
-from .errors import fatal
-from .segment import QueueLog
+from ..log.durability import fatal
+from ..log.queue_log import QueueLog
+from ..protocol import framing
+from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
 
 __all__ = ["DataState", "apply_position", "queue_dir", "parse_queue_dir"]
 
@@ -85,25 +87,41 @@ class DataState:
         return q
 
     # ------------------------------------------------------------------ apply
-    def apply(self, raft_index: int, cmd: tuple):
-        kind = cmd[0]
-        if kind == "produce":
+    def apply(self, raft_index: int, raw: tuple):
+        """Apply one committed entry (the replicated tuple); returns its result."""
+        try:
+            cmd = decode_command(raw)
+        except UnknownCommand as e:
+            cmd, res = None, ("error", str(e))
+        if isinstance(cmd, Produce):
             # One raft entry may carry several batches, even for one queue;
             # each gets its own apply position (raft index, item number).
-            res = [self._apply_batch(apply_position(raft_index, i), *item)
-                   for i, item in enumerate(cmd[1])]
-        elif kind == "truncate":
-            q = self.queue(cmd[1])
-            res = q.truncate_prefix(cmd[2]) if q is not None else 0
-        elif kind == "drop":
-            res = self._drop(cmd[1])
-        else:
-            res = ("error", f"unknown command {kind!r}")
+            res = [self._apply_batch(apply_position(raft_index, i), item) for i, item in enumerate(cmd.items)]
+        elif isinstance(cmd, Truncate):
+            q = self.queue(cmd.queue_dir)
+            res = q.truncate_prefix(cmd.offset) if q is not None else 0
+        elif isinstance(cmd, Drop):
+            res = self._drop(cmd.queue_dir)
+        elif cmd is not None:
+            res = ("error", f"command {cmd.KIND!r} is not for a data group")
         with self.cond:
             self.cond.notify_all()
         return res
 
-    def _apply_batch(self, position, qname, producer, seq, store_ts, count, records):
+    def wait_for_queue(self, name: str, offset: int, timeout: float) -> QueueLog | None:
+        """The queue once it holds a record at ``offset`` or ``timeout`` passed (long-poll fetch)."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                q = self.queues.get(name)
+                left = deadline - time.monotonic()
+                if (q is not None and q.next_offset > offset) or left <= 0:
+                    return q
+                self.cond.wait(left)
+
+    def _apply_batch(self, position: int, item: ProduceItem):
+        qname, producer, seq, store_ts, count = (item.queue_dir, item.producer_id, item.sequence,
+                                                 item.store_ts, item.count)
         q = self.queue(qname, create=True)
         if producer:
             dup = self._find_duplicate(qname, producer, seq)
@@ -115,9 +133,9 @@ class DataState:
             base, ts = q.recent.get(position, (-1, store_ts))
         else:
             base, ts = q.next_offset, max(store_ts, q.last_ts)
-            parts = codec.frame_parts(base, ts, count, position, records)
+            parts = framing.frame_parts(base, ts, count, position, item.records)
             size = sum(map(len, parts))
-            q.append(parts, codec.BatchHeader(0, size, base, ts, count, position, base + count - 1))
+            q.append(parts, framing.BatchHeader(0, size, base, ts, count, position, base + count - 1))
         if producer:
             self._remember(qname, producer, seq, base, count, ts)
         return (base, count, ts, False)

@@ -1,6 +1,6 @@
 """Chaos run: idempotent producers against a local cluster under faults.
 
-    python -m storage_service.chaos --seconds 60
+    python -m tests.chaos_harness --seconds 60
 
 Producers append numbered messages with a fixed producer id and sequence, and
 retry a failed batch with the same id/sequence until it is acknowledged. A
@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .local import LocalCluster
+from storage_service.local import LocalCluster
 
 __all__ = ["ChaosReport", "run_chaos"]
 
@@ -212,7 +212,7 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m storage_service.chaos", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tests.chaos_harness", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--producers", type=int, default=4)

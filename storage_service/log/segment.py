@@ -1,0 +1,221 @@
+"""One segment of a queue: its three files, how it is reopened, how its batches are found.
+
+A queue directory holds segments named by their base offset::
+
+    00000000000000000000.log   framed record batches (storage_service.protocol.framing)
+    00000000000000000000.idx   sparse offset index: (u64 offset, u64 position)
+    00000000000000000000.tix   sparse time index:   (i64 store_ts, u64 offset)
+
+The functions here look at one segment file; ``QueueLog`` (``queue_log.py``)
+keeps the list of segments, appends and cuts.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+
+from ..protocol import framing
+
+__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "index_position", "open_sealed",
+           "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
+
+log = logging.getLogger(__name__)
+
+IDX_ENTRY = struct.Struct("<QQ")
+SEGMENT_FILES = ("log", "idx", "tix")
+TIX_ENTRY = struct.Struct("<qQ")
+
+
+def segment_name(base: int, ext: str) -> str:
+    return f"{base:020d}.{ext}"
+
+
+def read_pairs(path: str, st: struct.Struct) -> list[tuple[int, int]]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    n = len(data) // st.size
+    return [st.unpack_from(data, i * st.size) for i in range(n)]
+
+
+def index_position(idx: list[tuple[int, int]], offset: int) -> int:
+    """Byte position of the last sparse-index entry at or below ``offset`` (0 if none)."""
+    i = bisect.bisect_right([o for o, _ in idx], offset) - 1
+    return idx[i][1] if i >= 0 else 0
+
+
+@dataclass(frozen=True)
+class FileSpan:
+    """Whole batches in a segment file, as ``QueueLog.locate`` found them."""
+    path: str
+    position: int
+    length: int
+    next_offset: int       # the offset after the last record in the span
+    inode: int             # of the file the span was found in (a rewrite is a new file)
+    device: int
+
+
+@dataclass
+class Segment:
+    base: int
+    path: str
+    next_offset: int
+    size: int
+    first_ts: int = -1
+    last_ts: int = -1
+    last_position: int = 0
+    fd: int | None = field(default=None, repr=False)
+
+    def file(self, ext: str) -> str:
+        return os.path.join(self.path, segment_name(self.base, ext))
+
+    def open_fd(self) -> int:
+        if self.fd is None:
+            self.fd = os.open(self.file("log"), os.O_RDONLY)
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def open_sealed(path: str, base: int) -> Segment:
+    """A sealed segment, from its files: sizes and the last batch's offsets (read via the index)."""
+    seg = Segment(base, path, base, os.path.getsize(os.path.join(path, segment_name(base, "log"))))
+    # The last batch gives next offset / last ts; read it via the index.
+    idx = read_pairs(seg.file("idx"), IDX_ENTRY)
+    tix = read_pairs(seg.file("tix"), TIX_ENTRY)
+    start = idx[-1][1] if idx else 0
+    with open(seg.file("log"), "rb") as f:
+        f.seek(start)
+        tail = f.read()
+    valid, headers = framing.scan_valid_prefix(tail)
+    if headers:
+        seg.next_offset = headers[-1].next_offset
+        seg.last_ts = headers[-1].store_ts
+        seg.last_position = headers[-1].apply_position
+    seg.first_ts = tix[0][0] if tix else seg.last_ts
+    if start + valid != seg.size:
+        log.warning("segment %s: %d bytes past the last valid batch in a sealed segment",
+                    seg.file("log"), seg.size - start - valid)
+    return seg
+
+
+def recover_tail(path: str, base: int, index_interval: int) -> tuple[Segment, int, dict[int, tuple[int, int]]]:
+    """The active segment after a restart: a torn or corrupt tail cut off, both indexes rebuilt.
+
+    Returns the segment, the bytes since its last offset-index entry, and apply
+    position -> (base offset, store ts) of its batches (a journal replay after a
+    restart answers a retry with real offsets from it).
+    """
+    seg = Segment(base, path, base, 0)
+    with open(seg.file("log"), "rb") as f:
+        data = f.read()
+    valid, headers = framing.scan_valid_prefix(data)
+    if valid != len(data):
+        log.warning("queue %s: truncating torn/corrupt tail of %s at byte %d (%d bytes cut)",
+                    path, seg.file("log"), valid, len(data) - valid)
+        with open(seg.file("log"), "r+b") as f:
+            f.truncate(valid)
+            os.fsync(f.fileno())
+    seg.size = valid
+    # Rebuild both indexes from the scan: cheap, and they may be torn too.
+    idx, tix, since = [], [], index_interval
+    for h in headers:
+        if since >= index_interval:
+            idx.append((h.base_offset, h.position))
+            tix.append((h.store_ts, h.base_offset))
+            since = 0
+        since += h.size
+    write_pairs(seg.file("idx"), IDX_ENTRY, idx)
+    write_pairs(seg.file("tix"), TIX_ENTRY, tix)
+    # apply position -> (base offset, store ts) of the tail's batches, so a
+    # journal replay after restart can answer a retry with real offsets.
+    recent = {h.apply_position: (h.base_offset, h.store_ts) for h in headers}
+    if headers:
+        seg.next_offset = headers[-1].next_offset
+        seg.first_ts = headers[0].store_ts
+        seg.last_ts = headers[-1].store_ts
+        seg.last_position = headers[-1].apply_position
+    return seg, since, recent
+
+
+def write_pairs(path: str, st: struct.Struct, pairs) -> None:
+    with open(path, "wb") as f:
+        f.write(b"".join(st.pack(*p) for p in pairs))
+
+
+def span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, int, int] | None:
+    """(first, stop, next offset) of the batches ``read_segment`` would return."""
+    if size == 0:
+        return None
+    pos = index_position(idx, offset)
+    first = stop = nxt = None
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        while pos < size:
+            h = framing.header_at(m, pos)
+            if h.last_offset < offset:
+                # CRC-checked as _read_segment does: a bad header must never make
+                # a read jump over data (the reader checks only the span's batches).
+                framing.header_at(m, pos, verify=True)
+                pos += h.size
+                continue
+            pos += h.size
+            if first is not None and stop - first + h.size > max_bytes:
+                break
+            first = h.position if first is None else first
+            stop, nxt = h.position + h.size, h.next_offset
+    return None if first is None else (first, stop, nxt)
+
+
+def read_segment(seg: Segment, fd: int, size: int, idx, offset: int,
+                  max_bytes: int) -> bytes | memoryview:
+    pos = index_position(idx, offset)
+    out: list[memoryview] = []
+    total = 0
+    hs = framing.BATCH_HEADER.size
+    while pos < size and total < max_bytes:
+        first_len = hs + framing.BATCH_HEADER.unpack(os.pread(fd, hs, pos))[0]
+        want = min(max(max_bytes - total, first_len, 64 << 10), size - pos)
+        data = memoryview(os.pread(fd, want, pos))
+        end = _whole_prefix(data)
+        if end == 0:
+            raise framing.CorruptBatch(pos, f"segment {seg.file('log')} ends inside a batch")
+        # CRC-check every batch parsed, also the ones skipped: a bad header
+        # must never make a read silently jump over data.
+        first = stop = None
+        for h in framing.iter_batches(data[:end]):
+            if h.last_offset < offset:
+                continue
+            if total and total + h.size > max_bytes:
+                end = 0
+                break
+            first = h.position if first is None else first
+            stop = h.position + h.size
+            total += h.size
+        if first is not None:
+            out.append(data[first:stop])     # the kept batches are contiguous: one view, no copy
+        if end == 0:
+            break
+        pos += end
+    if len(out) == 1:
+        return out[0].obj if len(out[0]) == len(out[0].obj) else out[0]
+    return b"".join(out)
+
+
+def _whole_prefix(data: bytes) -> int:
+    pos = 0
+    hs = framing.BATCH_HEADER.size
+    while pos + hs <= len(data):
+        body_len = framing.BATCH_HEADER.unpack_from(data, pos)[0]
+        if pos + hs + body_len > len(data):
+            break
+        pos += hs + body_len
+    return pos

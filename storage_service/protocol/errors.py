@@ -1,0 +1,33 @@
+"""The storage package's error root, and the status words both sides share.
+
+Every error raised by ``storage_service`` derives from ``StorageError`` and
+carries the gRPC status code it maps to (``code``) and whether a retry may
+succeed (``retriable``). Status codes travel as gRPC statuses and, in the
+produce port's frames and in ``ProduceOutcome``, as their numbers:
+``status_code`` is the one table from number back to code.
+"""
+from __future__ import annotations
+
+import grpc
+
+__all__ = ["LEADER_METADATA_KEY", "StorageError", "status_code"]
+
+# Trailing metadata of a NOT-leader answer: the gRPC address of the leader to retry at.
+LEADER_METADATA_KEY = "rmq-leader"
+
+_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def status_code(number: int) -> grpc.StatusCode:
+    """The gRPC status code of a status number (UNKNOWN for a number gRPC does not define)."""
+    return _BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+
+
+class StorageError(Exception):
+    """Base of every storage-service error: ``code`` is its gRPC status."""
+    retriable = False
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INTERNAL):
+        super().__init__(message)
+        self.message = message
+        self.code = code

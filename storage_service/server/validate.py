@@ -1,0 +1,133 @@
+"""Where a request is validated: names, queues, topic configs, produce batches.
+
+Every check raises ``ServiceError`` (INVALID_ARGUMENT naming the field and
+what is allowed, RESOURCE_EXHAUSTED naming the limit) before anything is
+submitted to raft, so a bad request changes nothing.
+"""
+from __future__ import annotations
+
+import re
+
+import grpc
+
+from ..proto import rmq_pb2
+from ..protocol import records
+from .errors import ServiceError, invalid
+
+__all__ = ["CLEANUP_POLICIES", "LEASE_KINDS", "MAX_LEASE_MS", "WATERMARK_KINDS", "check_block", "check_config",
+           "check_group", "check_queue", "check_topic_name", "messages_to_block", "parse_block",
+           "validate_produce"]
+
+TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
+GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
+CLEANUP_POLICIES = ("delete", "compact")
+WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
+LEASE_KINDS = ("tier",)
+MAX_LEASE_MS = 86_400_000
+
+
+def check_topic_name(name: str) -> None:
+    if not TOPIC_RE.match(name or ""):
+        raise invalid(f"topic name {name!r} is invalid: use 1-127 characters from [A-Za-z0-9_.-]")
+
+
+def check_queue(cfg: dict, queue: int) -> None:
+    if not 0 <= queue < cfg["queues"]:
+        raise invalid(f"queue {queue} does not exist in topic {cfg['name']!r}: "
+                      f"valid queues are 0..{cfg['queues'] - 1}")
+
+
+def check_config(c: rmq_pb2.TopicConfig) -> None:
+    check_topic_name(c.name)
+    if not 1 <= c.queues <= 4096:
+        raise invalid(f"queues={c.queues}: must be between 1 and 4096")
+    for field in ("retention_ms", "retention_bytes", "local_retention_ms", "delete_retention_ms",
+                  "min_compaction_lag_ms"):
+        if getattr(c, field) < 0:
+            raise invalid(f"{field}={getattr(c, field)}: must be >= 0 (0 = unlimited)")
+    if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
+        raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
+    if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
+        raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
+    if c.tier and not re.match(r"^(delta|parquet):(/|file:/)", c.tier):
+        # every job and reader must find the same archive, whatever its working directory
+        raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute (delta:PATH or "
+                      "parquet:PATH, e.g. delta:/data/archive)")
+
+
+def messages_to_block(msgs) -> bytes:
+    """Protobuf messages -> a columnar records block (``null_value`` -> a tombstone)."""
+    for i, m in enumerate(msgs):
+        if m.null_value and m.value:
+            raise invalid(f"message {i} has null_value set and {len(m.value)} value bytes: "
+                          "a tombstone has no value")
+    return records.encode([None if m.null_value else m.value for m in msgs],
+                          [m.key if m.HasField("key") else None for m in msgs],
+                          [m.tags for m in msgs], [m.properties for m in msgs],
+                          [m.born_timestamp for m in msgs])
+
+
+def check_group(group: str) -> None:
+    if not GROUP_RE.match(group or ""):
+        raise invalid(f"consumer_group {group!r} is invalid: use 1-255 characters from [A-Za-z0-9_.:-]")
+
+
+def validate_produce(node, request) -> tuple[dict, bytes, int]:
+    """Check a produce request; returns (topic config, records block, count)."""
+    check_topic_name(request.topic)
+    cfg = node.topic(request.topic, queue=request.queue)
+    if request.queue < -1:
+        raise invalid(f"queue {request.queue}: use 0..{cfg['queues'] - 1}, or -1 to let the service choose")
+    if request.records:
+        if request.messages:
+            raise invalid("give either messages or records, not both")
+        if request.queue < 0:
+            raise invalid("records need an explicit queue (0..{}); send messages to let the "
+                          "service choose".format(cfg["queues"] - 1))
+        count = request.count
+        cols = parse_block(request.records, count)
+    else:
+        count = len(request.messages)
+        cols = None
+    if not count:
+        raise invalid("messages is empty: a produce request needs at least one message")
+    if count > node.config.max_batch_messages:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"{count} messages in one request; the limit is "
+                           f"{node.config.max_batch_messages}")
+    if cols is None:
+        block = messages_to_block(request.messages)
+        cols = records.parse(block, count)
+    else:
+        block = request.records
+    check_block(node, cfg, cols)
+    if request.queue >= 0:
+        check_queue(cfg, request.queue)
+    return cfg, block, count
+
+def parse_block(block: bytes, count: int) -> records.Columns:
+    if count <= 0:
+        raise invalid(f"count={count}: messages is empty: a produce request needs at least one message")
+    try:
+        cols = records.parse(block, count)
+    except ValueError as e:
+        raise invalid(f"records: {e}") from None
+    if cols.offset_delta[0] != 0 or cols.offset_delta[-1] != count - 1:
+        raise invalid("records: a produced block must have offset deltas 0..count-1")
+    return cols
+
+def check_block(node, cfg: dict, cols: records.Columns) -> None:
+    limit = node.config.max_message_bytes
+    sizes = cols.message_sizes()
+    big = int(sizes.argmax())
+    if sizes[big] > limit:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"message {big} is {int(sizes[big])} bytes; the limit is {limit} bytes")
+    if cols.size > node.config.max_batch_bytes:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"request carries {cols.size} bytes; the batch limit is "
+                           f"{node.config.max_batch_bytes} bytes")
+    if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
+        i = int(keyless.argmax())
+        raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
+                      f"a key (message {i} of the batch has none)")

@@ -1,0 +1,163 @@
+"""Raft commands: what a raft entry asks a state machine to do, as typed values.
+
+Each command has one ``encode`` (to the tuple raft replicates: pysyncobj
+pickles it into the journal, the snapshot's boundary entries and the
+append messages) and one ``decode`` (``decode_command``), so a command is
+written and read in exactly one place. The tuples are the ones wave 1
+wrote, field for field (``("produce", [item, ...])``, ``("truncate", queue,
+offset)``, ...): a data directory written before these types existed
+replays unchanged (``tests/test_datadir_compat.py``), and its pickled bytes
+are the same (``tests/unit/test_commands.py``).
+
+Apply never raises on a command it cannot read: ``UnknownCommand`` is
+answered as an error result, the same on every replica.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Union
+
+__all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
+           "MetaCommand", "Produce", "ProduceItem", "SetWatermark", "Truncate", "UnknownCommand",
+           "decode_command"]
+
+
+class UnknownCommand(ValueError):
+    """A raft entry whose command this version does not know (or of the wrong shape)."""
+
+
+# ------------------------------------------------------------------ data group
+@dataclass(frozen=True, slots=True)
+class ProduceItem:
+    """One validated batch for one queue: the records block as the client sent it."""
+    queue_dir: str          # statemachine.data.queue_dir(topic, incarnation, queue)
+    producer_id: str        # "" = not idempotent
+    sequence: int
+    store_ts: int           # the leader's clock when it proposed; apply keeps it non-decreasing
+    count: int
+    records: bytes          # protocol.records block
+
+    def encode(self) -> tuple:
+        return (self.queue_dir, self.producer_id, self.sequence, self.store_ts, self.count, self.records)
+
+
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Batches that share one raft entry (group commit); each is applied at its own position."""
+    KIND: ClassVar[str] = "produce"
+    items: tuple[ProduceItem, ...]
+
+    def encode(self) -> tuple:
+        return (self.KIND, [i.encode() for i in self.items])
+
+    @classmethod
+    def _decode(cls, raw: tuple) -> "Produce":
+        _, items = raw
+        return cls(tuple(ProduceItem(*item) for item in items))
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Retention: move a queue's earliest offset up to ``offset``."""
+    KIND: ClassVar[str] = "truncate"
+    queue_dir: str
+    offset: int
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.queue_dir, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Remove a queue of a deleted topic, files and producer state."""
+    KIND: ClassVar[str] = "drop"
+    queue_dir: str
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.queue_dir)
+
+
+# -------------------------------------------------------------- metadata group
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    KIND: ClassVar[str] = "create_topic"
+    config: dict            # name, queues and the settings given; defaults filled in by apply
+    created_ms: int
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.config, self.created_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterTopic:
+    KIND: ClassVar[str] = "alter_topic"
+    name: str
+    changes: dict
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.name, self.changes)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    KIND: ClassVar[str] = "delete_topic"
+    name: str
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsets:
+    KIND: ClassVar[str] = "commit_offsets"
+    consumer_group: str
+    topic: str
+    offsets: dict           # queue -> next offset
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.consumer_group, self.topic, self.offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class SetWatermark:
+    KIND: ClassVar[str] = "set_watermark"
+    topic: str
+    kind: str               # archive, archive_earliest, compaction
+    offsets: dict           # queue -> offset; only moves forward
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.topic, self.kind, self.offsets)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Take, renew (``ttl_ms`` > 0) or release (0) ``owner``'s lease on (topic, kind)."""
+    KIND: ClassVar[str] = "lease"
+    topic: str
+    kind: str
+    owner: str
+    ttl_ms: int
+    now_ms: int             # the proposing leader's clock: every replica decides alike
+
+    def encode(self) -> tuple:
+        return (self.KIND, self.topic, self.kind, self.owner, self.ttl_ms, self.now_ms)
+
+
+DataCommand = Union[Produce, Truncate, Drop]
+MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease]
+_TYPES = {t.KIND: t for t in (Produce, Truncate, Drop, CreateTopic, AlterTopic, DeleteTopic, CommitOffsets,
+                              SetWatermark, Lease)}
+
+
+def decode_command(raw) -> DataCommand | MetaCommand:
+    """The typed command of a replicated tuple (UnknownCommand if it is none)."""
+    if not isinstance(raw, (tuple, list)) or not raw or not isinstance(raw[0], str):
+        raise UnknownCommand(f"not a command: {type(raw).__name__}")
+    cls = _TYPES.get(raw[0])
+    if cls is None:
+        raise UnknownCommand(f"unknown command {raw[0]!r}")
+    try:
+        decode = getattr(cls, "_decode", None)
+        return decode(raw) if decode else cls(*raw[1:])
+    except TypeError as e:
+        raise UnknownCommand(f"command {raw[0]!r} of the wrong shape: {e}") from None
