@@ -16,7 +16,8 @@ import time
 
 from ..archive.layout import absolute_tier
 from ..client import Client, Message, RmqError
-from ._format import human_bytes, parse_duration_ms, parse_size_bytes, table, utc_text
+from ..units import human_bytes, human_duration, parse_duration_ms, parse_size_bytes, utc_text
+from ._format import table
 
 __all__ = ["main"]
 
@@ -135,10 +136,8 @@ def _compact_parser(sub) -> None:
 def _compaction_settings(cfg: dict) -> str:
     if cfg["cleanup_policy"] != "compact":
         return ""
-    def dur(ms):
-        return _dur(ms) if ms else "0"
-    return (f", delete retention {dur(cfg['delete_retention_ms'])}, "
-            f"min compaction lag {dur(cfg['min_compaction_lag_ms'])}")
+    return (f", delete retention {human_duration(cfg['delete_retention_ms'], zero='0')}, "
+            f"min compaction lag {human_duration(cfg['min_compaction_lag_ms'], zero='0')}")
 
 
 def cmd_topic(client: Client, a) -> int:
@@ -159,11 +158,11 @@ def cmd_topic(client: Client, a) -> int:
                                  queues=a.queues,
                                  delete_retention_ms=opt(a.delete_retention, parse_duration_ms),
                                  min_compaction_lag_ms=opt(a.min_compaction_lag, parse_duration_ms))
-        print(f"altered topic {cfg['name']}: {cfg['queues']} queues, retention {_dur(cfg['retention_ms'])}, "
-              f"tier {cfg['tier'] or 'none'}, local retention {_dur(cfg['local_retention_ms'])}"
+        print(f"altered topic {cfg['name']}: {cfg['queues']} queues, retention {human_duration(cfg['retention_ms'])}, "
+              f"tier {cfg['tier'] or 'none'}, local retention {human_duration(cfg['local_retention_ms'])}"
               + _compaction_settings(cfg))
     elif a.action == "list":
-        rows = [[t["name"], t["queues"], t["cleanup_policy"], _dur(t["retention_ms"])]
+        rows = [[t["name"], t["queues"], t["cleanup_policy"], human_duration(t["retention_ms"])]
                 for t in client.list_topics()]
         print(table(rows, ["topic", "queues", "policy", "retention"]))
     elif a.action == "describe":
@@ -172,9 +171,9 @@ def cmd_topic(client: Client, a) -> int:
             print(json.dumps(d, indent=2))
             return 0
         print(f"topic {d['name']}: {d['queues']} queues, policy {d['cleanup_policy']}, "
-              f"retention {_dur(d['retention_ms'])}, retention-bytes "
+              f"retention {human_duration(d['retention_ms'])}, retention-bytes "
               f"{human_bytes(d['retention_bytes']) if d['retention_bytes'] else 'none'}"
-              + (f", tier {d['tier']}, local retention {_dur(d['local_retention_ms'])}" if d["tier"] else "")
+              + (f", tier {d['tier']}, local retention {human_duration(d['local_retention_ms'])}" if d["tier"] else "")
               + _compaction_settings(d))
         def opt_off(v):
             return v if v >= 0 else "-"
@@ -194,15 +193,6 @@ def cmd_topic(client: Client, a) -> int:
         client.delete_topic(a.name)
         print(f"deleted topic {a.name}")
     return 0
-
-
-def _dur(ms: int) -> str:
-    if not ms:
-        return "forever"
-    for unit, n in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        if ms % n == 0:
-            return f"{ms // n}{unit}"
-    return f"{ms}ms"
 
 
 # -------------------------------------------------------------------- produce

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from rmq_spark.client import parse_endpoints
+from rmq_spark.units import UnitError, parse_duration_ms
 from storage_service.protocol.tags import parse_tag_expression
 
 from . import _offsets
@@ -32,9 +33,6 @@ DEFAULT_FETCH_BYTES = 8 << 20
 MAX_FETCH_BYTES = 64 << 20
 MIN_FETCH_BYTES = 64 << 10
 DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
-            "d": 86_400_000}
 
 
 @dataclass(frozen=True)
@@ -91,11 +89,11 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> str:
 
 
 def _duration_ms(name: str, value: str) -> int:
-    m = _DURATION.match(str(value))
-    if not m:
-        raise OptionError(name, f"{value!r} is not a duration; use e.g. 500ms, 30s, 15m, 1h "
-                                "(a bare number is milliseconds)")
-    return int(m.group(1)) * _UNIT_MS[m.group(2).lower() if m.group(2) else None]
+    """Spark's convention (as Kafka's source): a bare number is milliseconds."""
+    try:
+        return parse_duration_ms(value, bare_unit="ms", no_limit=False)
+    except UnitError as e:
+        raise OptionError(name, str(e)) from e
 
 
 def _json(name: str, value: str, minimum: int) -> _offsets.Positions:

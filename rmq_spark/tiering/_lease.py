@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable
 
-from rmq_spark.cli._format import utc_text
+from rmq_spark.units import utc_text
 from rmq_spark.client import Client
 
 from .errors import TierConfigError, TieringError
