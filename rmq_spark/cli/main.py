@@ -376,7 +376,7 @@ def cmd_tier(client: Client, a) -> int:
 def cmd_compact(client: Client, a) -> int:
     """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
     from ..compaction import CompactionConfigError, CompactSettings, compact_topic
-    from ..tiering import AVAILABLE_NOW
+    from ..jobs import AVAILABLE_NOW
 
     try:
         s = CompactSettings.create(client, a.endpoints, a.topic, a.table,

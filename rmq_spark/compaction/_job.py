@@ -17,17 +17,17 @@ The table path is the compact topic's ``tier`` config (``delta:PATH``).
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Callable
 
+from rmq_spark import jobs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client
+from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
+from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
-from rmq_spark.tiering import _checkpoint
-from rmq_spark.tiering._config import AVAILABLE_NOW, parse_trigger
 
 from .errors import CompactionConfigError
 from .table import BUCKETS_PROPERTY, DEFAULT_BUCKETS, TABLE_DDL
@@ -57,15 +57,10 @@ class CompactSettings:
                trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
                buckets: int = DEFAULT_BUCKETS,
                max_offsets_per_trigger: int | None = None) -> "CompactSettings":
-        try:
-            trig = parse_trigger(trigger)
-        except ValueError as e:
-            raise CompactionConfigError(str(e)) from None
+        trig = jobs.parse_trigger(trigger, CompactionConfigError)
         if buckets < 1 or buckets > 4096:
             raise CompactionConfigError(f"buckets {buckets}: use 1-4096")
-        if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
-            raise CompactionConfigError(f"max_offsets_per_trigger {max_offsets_per_trigger}: "
-                                        "use an integer >= 1 (or leave it out: no limit)")
+        jobs.check_max_offsets(max_offsets_per_trigger, CompactionConfigError)
         cfg = next((t for t in client.list_topics() if t["name"] == topic), None)
         if cfg is None:
             raise CompactionConfigError(f"topic {topic!r} does not exist (create it with "
@@ -81,20 +76,20 @@ class CompactSettings:
                                             "(--table PATH)")
             path = current.path
         else:
-            path = _checkpoint.local_path(table, "table")
+            path = _checkpoint.local_path(table, "table", CompactionConfigError)
             if current is not None and current.path != path:
                 raise CompactionConfigError(f"topic {topic!r} is compacted into {current.path}, "
                                             f"not {path}; omit --table, or change it first "
                                             f"(`rmq topic alter {topic} --tier delta:{path}`)")
-        ckpt = (_checkpoint.local_path(checkpoint, "checkpoint") if checkpoint
-                else f"{path}/_rmq_checkpoints/{topic}")
+        ckpt = (_checkpoint.local_path(checkpoint, "checkpoint", CompactionConfigError)
+                if checkpoint else _checkpoint.checkpoint_under(path, topic))
         if current is None:
             client.alter_topic(topic, tier=f"delta:{path}")
         return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger)
 
     @property
     def available_now(self) -> bool:
-        return bool(self.trigger.get("availableNow"))
+        return jobs.is_available_now(self.trigger)
 
 
 def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
@@ -117,20 +112,15 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
             # A new checkpoint resumes at the compaction watermark. Starting lower is
             # safe too: the MERGE never lets an older record replace a newer one.
             info = client.describe_topic(topic)["queue_info"]
-            starting = {str(q["queue"]): q["compacted"] if q.get("compacted", -1) >= 0 else -2
+            starting = {q["queue"]: q["compacted"] if q.get("compacted", -1) >= 0 else -2
                         for q in info}
     buckets_now = _ensure_table(spark, s)
     say = progress or (lambda line: log.info("%s", line))
     writer = _BatchWriter(s, buckets_now, say)
-    reader = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
-              .option("topic", topic).option("readArchive", "false"))
-    if starting:
-        reader = reader.option("startingOffsets", json.dumps({topic: starting}))
-    if s.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
-    w = (reader.load().writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
+    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger)
+    w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
          .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
-    with session_conf(spark, {"spark.sql.session.timeZone": "UTC"}):
+    with session_conf(spark, UTC_CONF):
         query = w.start()
     if s.available_now:
         query.awaitTermination()

@@ -5,7 +5,9 @@ same from the shell); ``sync_watermark`` moves the ``archive`` watermark to
 what a checkpoint has committed. The archive's layout is
 ``rmq_spark.archive.layout``.
 """
-from ._config import AVAILABLE_NOW, TierSettings, default_checkpoint, parse_trigger, resolve_tier
+from rmq_spark.jobs import AVAILABLE_NOW
+
+from ._config import TierSettings, default_checkpoint, parse_trigger, resolve_tier
 from ._job import start_tiering, tier_topic
 from ._retention import ArchiveRetention, RetentionResult
 from ._watermark import sync_watermark

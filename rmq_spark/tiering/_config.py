@@ -6,42 +6,30 @@
 """
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 
+from rmq_spark import jobs
 from rmq_spark.archive import layout
 from rmq_spark.client import Client, NotFound
+from rmq_spark.jobs import AVAILABLE_NOW
+from rmq_spark.jobs.checkpoint import checkpoint_under, local_path
 
-from ._checkpoint import local_path
 from .errors import TierConfigError
 
 __all__ = ["TierSettings", "parse_trigger", "resolve_tier", "default_checkpoint",
            "AVAILABLE_NOW", "DEFAULT_VACUUM_RETAIN_HOURS"]
 
-AVAILABLE_NOW = "available-now"
 DEFAULT_VACUUM_RETAIN_HOURS = 168.0      # Delta's own default (7 days)
-_INTERVAL = re.compile(r"^\s*(\d+)\s*(ms|s|m|h)\s*$", re.IGNORECASE)
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
 def parse_trigger(text: str) -> dict:
-    """``"available-now"`` or an interval (``500ms``, ``30s``, ``5m``, ``1h``) ->
-    keyword arguments of ``DataStreamWriter.trigger``."""
-    t = str(text).strip().lower()
-    if t in (AVAILABLE_NOW, "availablenow", "available_now"):
-        return {"availableNow": True}
-    m = _INTERVAL.match(t)
-    if not m or int(m.group(1)) == 0:
-        raise TierConfigError(f"trigger {text!r}: use {AVAILABLE_NOW!r} (archive what is there, "
-                              "then stop) or an interval > 0 such as 500ms, 30s, 5m, 1h")
-    return {"processingTime": f"{int(m.group(1)) * _UNIT_MS[m.group(2).lower()]} milliseconds"}
+    """``rmq_spark.jobs.parse_trigger``, raising ``TierConfigError``."""
+    return jobs.parse_trigger(text, TierConfigError)
 
 
 def default_checkpoint(tier: layout.Tier, topic: str) -> str:
-    """``ARCHIVE/_rmq_checkpoints/TOPIC``: stable, so a rerun resumes. A name
-    starting with ``_`` is invisible to Delta (VACUUM too) and to Parquet readers."""
-    return os.path.join(tier.path, "_rmq_checkpoints", topic)
+    """``ARCHIVE/_rmq_checkpoints/TOPIC`` (``jobs.checkpoint.checkpoint_under``)."""
+    return checkpoint_under(tier.path, topic)
 
 
 def resolve_tier(client: Client, topic: str, archive: str | None = None,
@@ -70,7 +58,7 @@ def resolve_tier(client: Client, topic: str, archive: str | None = None,
             raise TierConfigError(f"topic {topic!r} is tiered to {current}; format {format!r} "
                                   "does not match it")
         return current
-    path = local_path(archive, "archive")
+    path = local_path(archive, "archive", TierConfigError)
     wanted = layout.Tier(format or (current.format if current and current.path == path
                                     else "delta"), path)
     if current is not None and current != wanted:
@@ -117,14 +105,12 @@ class TierSettings:
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0) -> "TierSettings":
         trig = parse_trigger(trigger)
-        if max_offsets_per_trigger is not None and max_offsets_per_trigger < 1:
-            raise TierConfigError(f"max_offsets_per_trigger {max_offsets_per_trigger}: "
-                                  "use an integer >= 1 (or leave it out: no limit)")
+        jobs.check_max_offsets(max_offsets_per_trigger, TierConfigError)
         if vacuum_retain_hours < 0:
             raise TierConfigError(f"vacuum retain {vacuum_retain_hours} h: use a number >= 0")
         if retention_check_s < 0:
             raise TierConfigError(f"retention check interval {retention_check_s} s: use >= 0")
-        ckpt = local_path(checkpoint, "checkpoint") if checkpoint else None
+        ckpt = local_path(checkpoint, "checkpoint", TierConfigError) if checkpoint else None
         tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
@@ -132,7 +118,7 @@ class TierSettings:
 
     @property
     def available_now(self) -> bool:
-        return bool(self.trigger.get("availableNow"))
+        return jobs.is_available_now(self.trigger)
 
     @property
     def txn_app_prefix(self) -> str:

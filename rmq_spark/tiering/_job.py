@@ -8,7 +8,7 @@ One Structured Streaming query per topic. Exactly once into the archive:
   batch ids restart at 0) gets a new app id.
 * Parquet: Spark's file stream sink; its ``_spark_metadata`` log is the
   commit record (a new checkpoint continues the log's batch numbering, see
-  ``_checkpoint.seed``).
+  ``rmq_spark.jobs.checkpoint.seed``).
 
 The read starts at or above the ``archive`` watermark and reads the hot log
 only (``readArchive=false``). After each committed batch a monitor (the
@@ -20,7 +20,6 @@ the topic's ``tier`` lease while it runs (``_lease``).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,10 +28,11 @@ from typing import Callable
 
 from rmq_spark.archive import layout
 from rmq_spark.client import Client
+from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
+from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
 
-from . import _checkpoint
-from ._config import AVAILABLE_NOW, DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
+from ._config import DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
 from ._lease import LeaseLost, TierLease
 from ._retention import ArchiveRetention
 from ._watermark import archived_positions, queue_info, start_positions, sync_watermark
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5
 # Set on the query's own (cloned) session at start; the caller's session is left as it was.
 _QUERY_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-               "spark.sql.session.timeZone": "UTC"}       # date partition = UTC date
+               **UTC_CONF}                                 # date partition = UTC date
 # Write each task's rows as they come to one file per partition value, instead of
 # letting the writer sort them by (topic, date) first: a task reads one queue's offset
 # range in order, and store time (so date) never decreases in a queue, so each file is
@@ -189,15 +189,9 @@ class _Run:
 
     def _frame(self, starting: dict[int, int] | None):
         s = self.s
-        reader = (self.spark.readStream.format("rocketmq").option("endpoints", s.endpoints)
-                  .option("topic", s.topic).option("readArchive", "false")
-                  .option("failOnDataLoss", str(s.fail_on_data_loss).lower()))
-        if starting is not None:
-            reader = reader.option("startingOffsets", json.dumps(
-                {s.topic: {str(q): o for q, o in sorted(starting.items())}}))
-        if s.max_offsets_per_trigger:
-            reader = reader.option("maxOffsetsPerTrigger", str(s.max_offsets_per_trigger))
-        return layout.archive_frame(reader.load())
+        return layout.archive_frame(hot_stream(
+            self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger,
+            failOnDataLoss=str(s.fail_on_data_loss).lower()))
 
     def _writer(self, frame):
         s = self.s

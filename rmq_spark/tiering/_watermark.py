@@ -17,7 +17,9 @@ import logging
 from rmq_spark.archive import layout
 from rmq_spark.client import Client
 
-from . import _checkpoint
+from rmq_spark.jobs import checkpoint as _checkpoint
+
+from .errors import TierConfigError
 
 __all__ = ["sync_watermark", "archived_positions", "start_positions", "queue_info"]
 
@@ -36,7 +38,7 @@ def sync_watermark(client: Client, topic: str, checkpoint: str) -> Positions | N
     Safe to call at any time and repeatedly (watermarks only move forward).
     Returns the end offsets, or None when the checkpoint has no committed batch.
     """
-    done = _checkpoint.committed_end(_checkpoint.local_path(checkpoint, "checkpoint"), topic)
+    done = _checkpoint.committed_end(_checkpoint.local_path(checkpoint, "checkpoint", TierConfigError), topic)
     if done is None or not done[1]:
         return None
     end = done[1]

@@ -7,6 +7,7 @@ already tiered to another archive. The CLI turns it into exit code 2.
 from __future__ import annotations
 
 from rmq_spark.client.errors import RmqError
+from rmq_spark.jobs.errors import JobConfigError
 
 __all__ = ["TieringError", "TierConfigError"]
 
@@ -15,5 +16,5 @@ class TieringError(RmqError):
     """Base of the tiering job's own errors."""
 
 
-class TierConfigError(TieringError, ValueError):
+class TierConfigError(TieringError, JobConfigError):
     """An argument or a topic/archive/checkpoint combination the job cannot use."""

@@ -1,13 +1,15 @@
-"""The few facts the tiering job reads from (and, once, writes to) a Spark checkpoint.
+"""The few facts the streaming jobs read from (and tiering, once, writes to) a Spark checkpoint.
 
 A streaming checkpoint is a directory of small logs (Spark's
 ``HDFSMetadataLog``): ``offsets/N`` is written before micro-batch N runs and
 holds ``v1``, a metadata line and one line per source with the batch's END
 offsets; ``commits/N`` appears once batch N is committed to the sink;
-``metadata`` holds the query id. The tiering query has one source, so line 3
+``metadata`` holds the query id. A job's query has one source, so line 3
 of ``offsets/N`` is ``{"topic": {"queue": next_offset}}``.
 
-Only local checkpoints are supported (a path or a ``file:`` URI).
+Only local checkpoints (and archives, tables) are supported: a path or a
+``file:`` URI. A stable default lives under the job's output directory
+(``checkpoint_under``), so a rerun resumes.
 """
 from __future__ import annotations
 
@@ -17,24 +19,32 @@ import shutil
 import uuid
 from urllib.parse import urlparse
 
-from .errors import TierConfigError
+from .errors import JobConfigError
 
-__all__ = ["local_path", "latest_batch", "batch_end", "committed_end", "query_id", "seed"]
+__all__ = ["local_path", "checkpoint_under", "latest_batch", "batch_end", "committed_end",
+           "query_id", "seed"]
 
 Positions = dict[int, int]
 
 
-def local_path(path: str, what: str) -> str:
-    """A local absolute path from ``path`` or a ``file:`` URI; other schemes are refused."""
+def local_path(path: str, what: str, error: type[JobConfigError] = JobConfigError) -> str:
+    """A local absolute path from ``path`` or a ``file:`` URI; other schemes are refused
+    with ``error`` (the calling job's own ``JobConfigError``)."""
     if "://" in path or path.startswith("file:"):
         u = urlparse(path)
         if u.scheme != "file":
-            raise TierConfigError(f"{what} {path!r}: only local paths (or file: URIs) are "
-                                  "supported by the tiering job")
+            raise error(f"{what} {path!r}: only local paths (or file: URIs) are "
+                        "supported by the Spark jobs")
         path = u.path
     if not path:
-        raise TierConfigError(f"{what} is empty: give a local directory")
+        raise error(f"{what} is empty: give a local directory")
     return os.path.abspath(path)
+
+
+def checkpoint_under(home: str, topic: str) -> str:
+    """``HOME/_rmq_checkpoints/TOPIC``: stable, so a rerun resumes. A name starting
+    with ``_`` is invisible to Delta (VACUUM too) and to Parquet readers."""
+    return os.path.join(home, "_rmq_checkpoints", topic)
 
 
 def _batches(checkpoint: str, log: str) -> list[int]:
