@@ -26,17 +26,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .errors import ArchiveError
 from .layout import DATA_COLUMNS, Tier
 
-__all__ = ["delta_log", "delta_file_path", "ArchiveFile", "ArchiveSnapshot", "ArchiveError", "load_snapshot", "read_files",
+__all__ = ["delta_log", "delta_file_path", "ArchiveFile", "ArchiveSnapshot", "load_snapshot", "read_files",
            "QueueFiles", "offset_for_timestamp", "parquet_sink_paths"]
 
 _CONF_KEY = "\0configuration"       # where the table configuration rides among the adds
 _SUPPORTED_READER_FEATURES = {"timestampNtz", "vacuumProtocolCheck"}
-
-
-class ArchiveError(RuntimeError):
-    """The archive cannot be read as it is (named reason)."""
 
 
 @dataclass(frozen=True)

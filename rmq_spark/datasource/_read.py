@@ -16,6 +16,7 @@ import pyarrow as pa
 import numpy as np
 import pyarrow.compute as pc
 
+from rmq_spark.archive.errors import ArchiveError
 from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange
 from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch
@@ -106,7 +107,7 @@ def _archive_gaps(opts: ReadOptions, part: ArchiveRange, offsets: np.ndarray) ->
     expected = np.arange(part.start, part.end, dtype=np.int64)
     missing = np.setdiff1d(expected, offsets, assume_unique=True)
     if not len(missing):
-        raise RuntimeError(f"archive {part.tier}: topic {part.topic!r} queue {part.queue} holds "
+        raise ArchiveError(f"archive {part.tier}: topic {part.topic!r} queue {part.queue} holds "
                            f"{len(offsets)} rows for offsets [{part.start}, {part.end}): some "
                            "offsets are archived more than once")
     # Report each run of consecutive missing offsets.

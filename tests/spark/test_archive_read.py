@@ -14,7 +14,8 @@ import os
 import pytest
 
 from rmq_spark.archive import layout
-from rmq_spark.archive.reader import ArchiveError, load_snapshot
+from rmq_spark.archive.errors import ArchiveError
+from rmq_spark.archive.reader import load_snapshot
 from rmq_spark.client import Message
 from rmq_spark.datasource import _planning
 from rmq_spark.datasource._options import ReadOptions

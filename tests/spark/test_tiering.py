@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rmq_spark.archive import layout
-from rmq_spark.archive.reader import ArchiveError, delta_referenced_paths
+from rmq_spark.archive.errors import ArchiveError
+from rmq_spark.archive.reader import delta_referenced_paths
 from rmq_spark.client import Message
 from rmq_spark.tiering import TierConfigError, tier_topic
 from rmq_spark.tiering._retention import ArchiveRetention
