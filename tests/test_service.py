@@ -10,7 +10,7 @@ import pytest
 
 from rmq_spark.client import (Client, InvalidArgument, Message, NotFound, NotLeader, OutOfRange,
                               ResourceExhausted)
-from rmq_spark.client.client import to_pb as client_to_pb
+from rmq_spark.client._messages import to_pb as client_to_pb
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 
 from .conftest import wait_until
@@ -324,7 +324,7 @@ def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
 def test_garbage_records_blocks_are_rejected_and_the_node_keeps_serving(cluster, client, topic):
     import random
 
-    from rmq_spark.client.client import to_block
+    from rmq_spark.client._messages import to_block
 
     rng = random.Random(5)
     good = to_block([Message(value=b"v" * 20, key=b"k", tags="T", properties={"a": "b"})] * 3)

@@ -3,7 +3,7 @@
 ``ProduceTransport.future(request, timeout)`` has the shape of a gRPC
 ``ProduceBatches.future``: a ``Future`` whose result is a
 ``ProduceBatchesResponse`` or whose exception is a ``grpc.RpcError``
-(``WireCallError``), so ``_ProduceSender`` coalesces calls and maps errors
+(``WireCallError``), so ``ProduceSender`` coalesces calls and maps errors
 the same way over either transport. A node whose produce port cannot be set
 up (refused: not served, e.g. its port was taken; another protocol on it; at
 its connection limit; no hello in time) is asked over gRPC for

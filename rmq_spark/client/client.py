@@ -3,7 +3,8 @@
 It keeps one gRPC channel per node, a route cache (group -> leader address,
 learned from not-leader replies and cluster status) and retries retriable
 errors with exponential backoff until the call's deadline, so callers ride
-through leader elections and node restarts.
+through leader elections and node restarts (``_routing``: the one route
+cache and backoff, for single RPCs and batched produce alike).
 
 Produce calls to an explicit queue are idempotent by default: each thread
 gets its own producer id and a per-queue sequence, so a retry after a lost
@@ -12,32 +13,31 @@ reply is applied once by the service.
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 import uuid
-from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import grpc
 
-from storage_service.protocol import framing, records
+from storage_service.proto import rmq_pb2, rmq_pb2_grpc
+from storage_service.protocol import framing
+from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
 from storage_service.protocol.localread import host_id, read_span
-from storage_service.proto import rmq_pb2, rmq_pb2_grpc
-from storage_service.server.errors import LEADER_METADATA_KEY
-from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, produce_address
 
-from ._produce_wire import ProduceTransport, WireCallError
-from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record, msg_id
-from .errors import NotLeader, RmqError, Unavailable, from_rpc_error
+from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb, topic_config
+from ._produce_sender import ProduceSender
+from ._produce_wire import ProduceTransport
+from ._routing import RetryClock, Routes
+from ._types import FetchResult, ProduceResult, QueueOffsets
+from .errors import RmqError, Unavailable, from_rpc_error, from_status
 
 __all__ = ["Client", "parse_endpoints"]
 
 log = logging.getLogger(__name__)
 LOCAL_READ_TRIES = 3        # consecutive unreadable short-circuit spans before a client stops
-MessageLike = bytes | str | Message | dict
+FETCH_SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"].full_name
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
@@ -50,66 +50,6 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
         if not host or not port.isdigit():
             raise ValueError(f"endpoint {e!r} is not host:port")
     return out
-
-
-def _as_bytes(v) -> bytes:
-    return bytes(v) if isinstance(v, (bytes, bytearray, memoryview)) else str(v).encode()
-
-
-def normalize(m: MessageLike, now_ms: int) -> Message:
-    """Any accepted message form -> a Message with bytes value/key and str properties."""
-    if isinstance(m, (bytes, bytearray, memoryview, str)):
-        return Message(value=_as_bytes(m), born_timestamp=now_ms)
-    if isinstance(m, dict):
-        m = Message(**m)
-    value = None if m.value is None else _as_bytes(m.value)     # None: a tombstone
-    return Message(value=value, key=None if m.key is None else _as_bytes(m.key),
-                   tags=m.tags or "", properties={str(k): str(v) for k, v in (m.properties or {}).items()},
-                   born_timestamp=m.born_timestamp or now_ms)
-
-
-def to_pb(m: MessageLike) -> rmq_pb2.Message:
-    n = normalize(m, int(time.time() * 1000))
-    pb = rmq_pb2.Message(value=n.value or b"", null_value=n.value is None, tags=n.tags,
-                         properties=n.properties, born_timestamp=n.born_timestamp)
-    if n.key is not None:
-        pb.key = n.key
-    return pb
-
-
-def to_block(messages: Sequence[MessageLike]) -> bytes:
-    """Messages -> the columnar records block the service stores as is."""
-    now = int(time.time() * 1000)
-    ms = [normalize(m, now) for m in messages]
-    return records.encode([m.value for m in ms], [m.key for m in ms], [m.tags for m in ms],
-                          [m.properties for m in ms], [m.born_timestamp for m in ms])
-
-
-def plain_block(messages: Sequence[MessageLike]) -> bytes:
-    """``to_block``, without a Message object per message when all are plain bytes."""
-    if all(type(m) is bytes for m in messages):
-        return records.encode(messages, born_ts=[int(time.time() * 1000)] * len(messages))
-    return to_block(messages)
-
-
-def decode_records(topic: str, queue: int, batches: bytes, start: int,
-                   limit: int | None = None) -> list[Record]:
-    out = []
-    for h, cols in framing.iter_blocks(batches, deep_check=False):
-        if h.last_offset < start:
-            continue
-        for delta, key, value, tags, props, born in records.iter_rows(cols):
-            off = h.base_offset + delta
-            if off < start:
-                continue
-            out.append(Record(topic, queue, off, key, value, tags, props, born, h.store_ts,
-                              msg_id(topic, queue, off)))
-            if limit is not None and len(out) >= limit:
-                return out
-    return out
-
-
-FETCH_SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"].full_name
 
 
 class Client:
@@ -128,14 +68,13 @@ class Client:
         self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, rmq_pb2_grpc.MessageLogStub] = {}
-        self._routes: dict[int, str] = {}
+        self._routes = Routes(self.endpoints)
         self._groups: int | None = None
         self._lock = threading.Lock()
         self._client_id = producer_id or uuid.uuid4().hex[:16]
         self._local = threading.local()
-        self._rr = random.randrange(len(self.endpoints))
         self._unreadable_spans = 0      # short-circuit reads whose file could not be read
-        self._senders: dict[str, _ProduceSender] = {}
+        self._senders: dict[str, ProduceSender] = {}
         # Produce requests are hundreds of KiB: above glibc's mmap threshold each
         # serialization would fault in fresh pages (0.70 -> 0.09 ms for 800 KiB).
         reuse_big_buffers()
@@ -155,7 +94,7 @@ class Client:
                                             _registered_method=True)
         return stub
 
-    def _sender(self, address: str) -> "_ProduceSender":
+    def _sender(self, address: str) -> ProduceSender:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
@@ -165,7 +104,7 @@ class Client:
             with self._lock:
                 sender = self._senders.get(address)
                 if sender is None:
-                    sender = self._senders[address] = _ProduceSender(
+                    sender = self._senders[address] = ProduceSender(
                         transport.future if transport else grpc_call)
                     if transport:
                         self._transports.append(transport)
@@ -174,53 +113,42 @@ class Client:
                 transport.close()
         return sender
 
-    def _candidates(self, group: int | None) -> list[str]:
-        self._rr += 1
-        rot = self._rr % len(self.endpoints)
-        order = self.endpoints[rot:] + self.endpoints[:rot]
-        leader = self._routes.get(group) if group is not None else None
-        if leader:
-            order = [leader] + [a for a in order if a != leader]
-        return order
+    def _invoke(self, address: str, method: str, request: Any, timeout: float) -> Any:
+        """One attempt at one node; a failure comes back as the client's exception."""
+        try:
+            return getattr(self._stub(address), method)(request, timeout=timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, address) from e
 
     def call(self, method: str, request: Any, group: int | None = None,
              timeout: float | None = None, address: str | None = None) -> Any:
-        """Send one RPC with retries; ``group`` routes to that group's leader."""
-        deadline = time.monotonic() + (timeout or self.timeout)
+        """Send one RPC with retries (``_routing``); ``group`` routes to that group's
+        leader, ``address`` pins the node. A not-leader answer naming the leader is
+        retried there at once; other retriable errors try the next node, then back
+        off; a non-retriable one is raised."""
+        clock = RetryClock(timeout or self.timeout)
         per_attempt = max(self.attempt_timeout, getattr(request, "wait_ms", 0) / 1000 + self.attempt_timeout)
-        delay, attempt, last = 0.02, 0, None
+        last: RmqError | None = None
         while True:
-            targets = [address] if address else self._candidates(group)
-            for addr in targets:
-                left = min(deadline - time.monotonic(), per_attempt)
+            for addr in [address] if address else self._routes.candidates(group):
+                left = clock.left(per_attempt)
                 if left <= 0:
                     break
                 try:
-                    return getattr(self._stub(addr), method)(request, timeout=left)
-                except grpc.RpcError as e:
-                    err = from_rpc_error(e, addr)
-                if isinstance(err, NotLeader) and group is not None:
-                    if err.leader:
-                        self._routes[group] = err.leader
-                        if err.leader != addr and not address:
-                            try:
-                                return getattr(self._stub(err.leader), method)(
-                                    request, timeout=max(0.01, min(per_attempt, deadline - time.monotonic())))
-                            except grpc.RpcError as e2:
-                                err = from_rpc_error(e2, err.leader)
-                    else:
-                        self._routes.pop(group, None)
+                    return self._invoke(addr, method, request, left)
+                except RmqError as e:
+                    err = e
+                leader = self._routes.learn(group, err, addr)
+                if leader and leader != addr and not address:
+                    try:
+                        return self._invoke(leader, method, request, max(0.01, clock.left(per_attempt)))
+                    except RmqError as e:
+                        err = e
+                    self._routes.learn(group, err, leader)
                 if not err.retriable:
                     raise err
                 last = err
-                if isinstance(err, Unavailable) and not isinstance(err, NotLeader):
-                    if group is not None and self._routes.get(group) == addr:
-                        self._routes.pop(group, None)
-            attempt += 1
-            if time.monotonic() + delay >= deadline:
-                raise last or Unavailable(f"{method}: no node answered within the deadline")
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            clock.pause(last or Unavailable(f"{method}: no node answered within the deadline"))
 
     def groups(self) -> int:
         if self._groups is None:
@@ -244,7 +172,7 @@ class Client:
                                   delete_retention_ms=delete_retention_ms,
                                   min_compaction_lag_ms=min_compaction_lag_ms)
         resp = self.call("CreateTopic", rmq_pb2.CreateTopicRequest(config=cfg), group=META_GROUP)
-        return _cfg_dict(resp.config)
+        return topic_config(resp.config)
 
     def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
                     tier: str | None = None, local_retention_ms: int | None = None,
@@ -260,19 +188,19 @@ class Client:
                              ("min_compaction_lag_ms", min_compaction_lag_ms)):
             if value is not None:
                 setattr(req, field, value)
-        return _cfg_dict(self.call("AlterTopic", req, group=META_GROUP).config)
+        return topic_config(self.call("AlterTopic", req, group=META_GROUP).config)
 
     def delete_topic(self, name: str) -> None:
         self.call("DeleteTopic", rmq_pb2.DeleteTopicRequest(name=name), group=META_GROUP)
 
     def list_topics(self) -> list[dict]:
-        return [_cfg_dict(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest(),
+        return [topic_config(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest(),
                                                       group=META_GROUP).topics]
 
     def describe_topic(self, name: str) -> dict:
         # The metadata leader has applied every topic change it acknowledged.
         resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name), group=META_GROUP)
-        d = _cfg_dict(resp.config)
+        d = topic_config(resp.config)
         d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
                                 size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,
                                 archive_earliest=q.archive_earliest, compacted=q.compacted)
@@ -298,19 +226,27 @@ class Client:
         """Append messages. With ``queue`` the call is one batch to that queue,
         idempotent across retries; without, the service spreads by key hash."""
         messages = list(messages)
-        group = None
-        if queue is None:
-            req = rmq_pb2.ProduceRequest(topic=topic, queue=-1, messages=[to_pb(m) for m in messages])
-        else:
-            req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=to_block(messages),
-                                         count=len(messages))
+        if queue is not None:
             if producer_id is None:
                 producer_id, sequence = self._next_sequence(topic, queue, len(messages))
-            req.producer_id, req.sequence = producer_id, sequence or 0
-            group = self.group_of(topic, queue)
-        resp = self.call("Produce", req, group=group, timeout=timeout)
-        return [ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)
-                for r in resp.results]
+            return [self.produce_block(topic, queue, to_block(messages), len(messages),
+                                       producer_id, sequence or 0, timeout)]
+        req = rmq_pb2.ProduceRequest(topic=topic, queue=-1, messages=[to_pb(m) for m in messages])
+        return [_result(r) for r in self.call("Produce", req, timeout=timeout).results]
+
+    def produce_block(self, topic: str, queue: int, block: bytes, count: int, producer_id: str,
+                      sequence: int, timeout: float | None = None) -> ProduceResult:
+        """Append an already encoded records block (``storage_service.protocol.records``)
+        of ``count`` messages to ``queue``, as producer ``producer_id`` at ``sequence``.
+
+        The service applies a (producer, queue) sequence once: a retry, in this
+        call or a later one with the same identity, comes back ``duplicate``.
+        For writers that number their own calls (the Spark sink's exactly-once).
+        """
+        req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=block, count=count,
+                                     producer_id=producer_id, sequence=sequence)
+        resp = self.call("Produce", req, group=self.group_of(topic, queue), timeout=timeout)
+        return _result(resp.results[0])
 
     def produce_batches(self, batches: Sequence[tuple], timeout: float | None = None) -> list[ProduceResult]:
         """Append several batches, each ``(topic, queue, messages)``, in one call per node.
@@ -323,7 +259,7 @@ class Client:
         (as Kafka's producer sends one request per broker with a batch per
         partition), and batches of one raft group share its entries: the way to
         produce to many queues at once with few calls per message. Calls from
-        several threads to one node share RPCs too (``_ProduceSender``).
+        several threads to one node share RPCs too (``ProduceSender``).
         """
         reqs = []
         for topic, queue, messages, *identity in batches:
@@ -337,43 +273,34 @@ class Client:
                 pid, seq = self._next_sequence(topic, queue, len(messages))
             reqs.append(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
                                                count=len(messages), producer_id=pid, sequence=seq))
+        return self._send_batches(reqs, RetryClock(timeout or self.timeout))
+
+    def _send_batches(self, reqs: list[rmq_pb2.ProduceRequest], clock: RetryClock) -> list[ProduceResult]:
+        """Send each round's pending batches, one RPC per node (``ProduceSender``),
+        until every batch has its result; a non-retriable outcome is raised."""
         groups = [self.group_of(r.topic, r.queue) for r in reqs]
         results: list = [None] * len(reqs)
-        pending, deadline, delay = list(range(len(reqs))), time.monotonic() + (timeout or self.timeout), 0.02
+        pending = list(range(len(reqs)))
         while pending:
             by_node: dict[str, list[int]] = {}
             for i in pending:
-                by_node.setdefault(self._routes.get(groups[i]) or self._candidates(None)[0], []).append(i)
-            left = max(0.01, min(self.attempt_timeout, deadline - time.monotonic()))
+                by_node.setdefault(self._routes.target(groups[i]), []).append(i)
+            left = max(0.01, clock.left(self.attempt_timeout))
             calls = [(addr, idx, self._sender(addr).send([reqs[i] for i in idx], left))
                      for addr, idx in by_node.items()]
             pending, last, hinted = [], None, False
             for addr, idx, call in calls:
-                try:
-                    outcomes = [(i, from_rpc_error(_OutcomeStatus(o), addr) if o.code else o.result)
-                                for i, o in zip(idx, call.result())]
-                except grpc.RpcError as e:
-                    outcomes = [(i, from_rpc_error(e, addr)) for i in idx]
-                for i, out in outcomes:
+                for i, out in zip(idx, _outcomes(call, addr, len(idx))):
                     if not isinstance(out, RmqError):
-                        results[i] = ProduceResult(out.queue, out.base_offset, out.count,
-                                                   out.store_timestamp, out.duplicate)
+                        results[i] = out
                         continue
                     if not out.retriable:
                         raise out
-                    hinted |= isinstance(out, NotLeader) and bool(out.leader)
-                    if isinstance(out, NotLeader) and out.leader:
-                        self._routes[groups[i]] = out.leader
-                    else:
-                        self._routes.pop(groups[i], None)
+                    hinted |= self._routes.learn(groups[i], out, addr) is not None
                     pending.append(i)
                     last = out
             if pending:
-                if time.monotonic() + delay >= deadline:
-                    raise last
-                if not hinted:
-                    time.sleep(delay * (0.5 + random.random()))
-                    delay = min(delay * 2, 1.0)
+                clock.pause(last, sleep=not hinted)
         return results
 
     # --------------------------------------------------------------- fetch
@@ -511,106 +438,16 @@ class Client:
         self.close()
 
 
-class _ProduceSender:
-    """Concurrent ``produce_batches`` calls to one node share ProduceBatches RPCs.
-
-    A Python gRPC call costs ~0.5 ms of server CPU and ~0.35 ms of client CPU
-    before its first byte (an echo of 1 KiB on the test VM; `bench/README.md`),
-    so eight producer threads each sending their own RPC per node paid that
-    eight times. Like Kafka's producer, which sends one request per broker with
-    what all application threads queued, at most ``max_in_flight`` RPCs per node
-    are in flight; calls made meanwhile wait and go out together in the next
-    one (up to ``max_bytes``). One thread alone sends at once, as before.
-    Every call keeps its own batches, deadline share and outcomes; an RPC error
-    is every contained call's error (each retries its own batches, idempotently).
-    """
-
-    def __init__(self, call: Callable[..., Any], max_in_flight: int = 2, max_bytes: int = 32 << 20):
-        self._call = call           # ProduceBatches.future: over the produce port or gRPC
-        self.max_in_flight = max_in_flight
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._queue: list[tuple[list, Future, float, int]] = []
-        self._in_flight = 0
-
-    def send(self, reqs: list, timeout: float) -> Future:
-        """``Future`` of the outcomes of ``reqs``, in order (or the RPC's error)."""
-        slot: Future = Future()
-        size = sum(r.ByteSize() for r in reqs)
-        with self._lock:
-            self._queue.append((reqs, slot, time.monotonic() + timeout, size))
-            items = self._take() if self._in_flight < self.max_in_flight else None
-        if items:
-            self._issue(items)
-        return slot
-
-    def _take(self) -> list:
-        """Queued calls for one RPC (under the lock); counts it in flight."""
-        items, total = [], 0
-        while self._queue and (not items or total + self._queue[0][3] <= self.max_bytes):
-            item = self._queue.pop(0)
-            items.append(item)
-            total += item[3]
-        self._in_flight += 1
-        return items
-
-    def _issue(self, items: list) -> None:
-        request = rmq_pb2.ProduceBatchesRequest(batches=[r for reqs, _, _, _ in items for r in reqs])
-        left = max(0.01, min(deadline for _, _, deadline, _ in items) - time.monotonic())
-        try:
-            call = self._call(request, timeout=left)
-        except Exception as e:         # never leave a caller waiting
-            self._done(items, None, e)
-            return
-        call.add_done_callback(lambda f: self._done(items, f, None))
-
-    def _done(self, items: list, call, error: BaseException | None) -> None:
-        outcomes = None
-        if error is None:
-            try:
-                outcomes = list(call.result().outcomes)
-            except grpc.RpcError as e:
-                error = e
-            except Exception as e:     # cancelled, or anything unexpected
-                error = WireCallError(grpc.StatusCode.UNAVAILABLE, f"ProduceBatches failed: {e!r}")
-        want = sum(len(reqs) for reqs, _, _, _ in items)
-        if error is None and len(outcomes) != want:
-            error = WireCallError(grpc.StatusCode.UNAVAILABLE,
-                                  f"ProduceBatches answered {len(outcomes)} outcomes for {want} batches")
-        pos = 0
-        for reqs, slot, _, _ in items:
-            if error is not None:
-                slot.set_exception(error)
-            else:
-                slot.set_result(outcomes[pos:pos + len(reqs)])
-                pos += len(reqs)
-        with self._lock:
-            self._in_flight -= 1
-            nxt = self._take() if self._queue and self._in_flight < self.max_in_flight else None
-        if nxt:
-            self._issue(nxt)
+def _outcomes(call, address: str, n: int) -> list[ProduceResult | RmqError]:
+    """The ``n`` outcomes of one ProduceBatches RPC: a result or the batch's error
+    (all of them the RPC's error when it failed as a whole)."""
+    try:
+        outcomes = call.result()
+    except grpc.RpcError as e:
+        return [from_rpc_error(e, address)] * n
+    return [from_status(o.code, o.message, o.leader, address) if o.code else
+            _result(o.result) for o in outcomes]
 
 
-class _OutcomeStatus:
-    """One ProduceBatches outcome seen as an RPC status, for ``from_rpc_error``."""
-    _CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-    def __init__(self, outcome: rmq_pb2.ProduceOutcome):
-        self._o = outcome
-
-    def code(self) -> grpc.StatusCode:
-        return self._CODES.get(self._o.code, grpc.StatusCode.UNKNOWN)
-
-    def details(self) -> str:
-        return self._o.message
-
-    def trailing_metadata(self) -> tuple:
-        return ((LEADER_METADATA_KEY, self._o.leader),) if self._o.leader else ()
-
-
-def _cfg_dict(c: rmq_pb2.TopicConfig) -> dict:
-    return dict(name=c.name, queues=c.queues, retention_ms=c.retention_ms,
-                retention_bytes=c.retention_bytes, cleanup_policy=c.cleanup_policy, tier=c.tier,
-                local_retention_ms=c.local_retention_ms, delete_retention_ms=c.delete_retention_ms,
-                min_compaction_lag_ms=c.min_compaction_lag_ms, incarnation=c.incarnation,
-                created_ms=c.created_ms)
+def _result(r: rmq_pb2.ProduceResult) -> ProduceResult:
+    return ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)

@@ -1,15 +1,22 @@
-"""One exception tree for the client; gRPC status codes are mapped here only."""
+"""One exception tree for the client; gRPC statuses are mapped to it here only.
+
+``from_status`` is the one table: a gRPC status (code or its number, as the
+produce port and ``ProduceOutcome`` carry it), its details and the leader
+hint of a not-leader answer -> the exception. ``from_rpc_error`` reads those
+from a ``grpc.RpcError`` (a real call's, or the produce port's
+``WireCallError``).
+"""
 from __future__ import annotations
 
 import re
 
 import grpc
 
-from storage_service.server.errors import LEADER_METADATA_KEY
+from storage_service.protocol.errors import LEADER_METADATA_KEY, status_code
 
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",
-           "DeadlineExceeded", "InternalError", "from_rpc_error"]
+           "DeadlineExceeded", "InternalError", "from_status", "from_rpc_error"]
 
 
 class RmqError(Exception):
@@ -85,18 +92,27 @@ _BY_CODE = {
 }
 
 
+def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | None = None,
+                address: str = "") -> RmqError:
+    """The exception for a status; ``address`` (the node that answered) is named in it.
+    UNAVAILABLE with a leader hint, or saying "not leader", is ``NotLeader``."""
+    if isinstance(code, int):
+        code = status_code(code)
+    message = details + (f" [{address}]" if address else "")
+    if code == grpc.StatusCode.UNAVAILABLE and (leader or "not leader" in details):
+        return NotLeader(message, code, leader or None)
+    return _BY_CODE.get(code, RmqError)(message, code)
+
+
 def from_rpc_error(e: grpc.RpcError, address: str = "") -> RmqError:
+    """``from_status`` of a failed call: its code, details and leader metadata."""
     code = e.code() if hasattr(e, "code") else None
     details = (e.details() if hasattr(e, "details") else None) or str(e)
-    where = f" [{address}]" if address else ""
     leader = None
     try:
         for k, v in e.trailing_metadata() or ():
             if k == LEADER_METADATA_KEY:
                 leader = v
-    except Exception:
+    except Exception:       # a call that failed before any metadata arrived
         pass
-    if code == grpc.StatusCode.UNAVAILABLE and (leader or "not leader" in details):
-        return NotLeader(details + where, code, leader)
-    cls = _BY_CODE.get(code, RmqError)
-    return cls(details + where, code)
+    return from_status(code, details, leader, address)

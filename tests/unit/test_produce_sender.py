@@ -1,4 +1,4 @@
-"""The client's ProduceBatches coalescing (rmq_spark.client.client._ProduceSender).
+"""The client's ProduceBatches coalescing (rmq_spark.client._produce_sender.ProduceSender).
 
 A stand-in for the gRPC stub records each RPC and lets the test finish it
 (with outcomes or an RPC error): what is checked is how the sender groups
@@ -12,7 +12,7 @@ import threading
 import grpc
 import pytest
 
-from rmq_spark.client.client import _ProduceSender
+from rmq_spark.client._produce_sender import ProduceSender
 from storage_service.proto import rmq_pb2
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def _answer(call):
 
 def test_one_caller_sends_at_once():
     stub = _Stub()
-    slot = _ProduceSender(stub.future).send(_reqs(0, 1), 5)
+    slot = ProduceSender(stub.future).send(_reqs(0, 1), 5)
     assert [len(c.request.batches) for c in stub.calls] == [2]
     stub.calls[0].finish(_answer(stub.calls[0]))
     assert [o.result.queue for o in slot.result()] == [0, 1]
@@ -77,7 +77,7 @@ def test_one_caller_sends_at_once():
 
 def test_calls_made_while_rpcs_are_in_flight_go_out_together_and_get_their_own_outcomes():
     stub = _Stub()
-    sender = _ProduceSender(stub.future, max_in_flight=2)
+    sender = ProduceSender(stub.future, max_in_flight=2)
     slots = [sender.send(_reqs(i, 10 + i), 5) for i in range(5)]
     assert len(stub.calls) == 2                          # the limit: three calls wait
     stub.calls[0].finish(_answer(stub.calls[0]))
@@ -89,7 +89,7 @@ def test_calls_made_while_rpcs_are_in_flight_go_out_together_and_get_their_own_o
 
 def test_an_rpc_error_is_every_contained_calls_error_and_the_queue_moves_on():
     stub = _Stub()
-    sender = _ProduceSender(stub.future, max_in_flight=1)
+    sender = ProduceSender(stub.future, max_in_flight=1)
     first = sender.send(_reqs(0), 5)
     waiting = [sender.send(_reqs(q), 5) for q in (1, 2)]
     stub.calls[0].finish(_answer(stub.calls[0]))
@@ -106,7 +106,7 @@ def test_an_rpc_error_is_every_contained_calls_error_and_the_queue_moves_on():
 
 def test_a_short_answer_fails_the_calls_instead_of_misattributing_outcomes():
     stub = _Stub()
-    slot = _ProduceSender(stub.future).send(_reqs(0, 1), 5)
+    slot = ProduceSender(stub.future).send(_reqs(0, 1), 5)
     stub.calls[0].finish(rmq_pb2.ProduceBatchesResponse(outcomes=[rmq_pb2.ProduceOutcome()]))
     with pytest.raises(grpc.RpcError) as e:
         slot.result()
@@ -115,7 +115,7 @@ def test_a_short_answer_fails_the_calls_instead_of_misattributing_outcomes():
 
 def test_rpcs_are_capped_in_bytes():
     stub = _Stub()
-    sender = _ProduceSender(stub.future, max_in_flight=1, max_bytes=50)
+    sender = ProduceSender(stub.future, max_in_flight=1, max_bytes=50)
     sender.send(_reqs(0), 5)
     for q in (1, 2, 3):
         sender.send(_reqs(q), 5)                         # ~20 bytes each
@@ -127,7 +127,7 @@ def test_rpcs_are_capped_in_bytes():
 
 def test_many_threads_never_exceed_the_in_flight_limit():
     stub = _Stub()
-    sender = _ProduceSender(stub.future, max_in_flight=2)
+    sender = ProduceSender(stub.future, max_in_flight=2)
     lock, slots = threading.Lock(), []
 
     def caller(q):
