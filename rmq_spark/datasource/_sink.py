@@ -33,7 +33,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rmq_spark.client import Client, NotFound
-from storage_service.proto import rmq_pb2
 
 from ._encode import encode_block, row_sizes
 from ._writer_plan import SinkPlan
@@ -67,10 +66,8 @@ class TaskResult:
 def _send(client: Client, topic: str, queue: int, batch: pa.RecordBatch, producer_id: str,
           sequence: int) -> bool:
     """One produce call of a pre-encoded block; True if it was a duplicate."""
-    req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=encode_block(batch),
-                                 count=batch.num_rows, producer_id=producer_id, sequence=sequence)
-    resp = client.call("Produce", req, group=client.group_of(topic, queue))
-    return bool(resp.results and resp.results[0].duplicate)
+    return client.produce_block(topic, queue, encode_block(batch), batch.num_rows, producer_id,
+                                sequence).duplicate
 
 
 class _Lane:
