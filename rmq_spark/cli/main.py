@@ -29,6 +29,38 @@ def _parser() -> argparse.ArgumentParser:
                    help="host:port,... of the storage nodes (default: $RMQ_ENDPOINTS)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
+    _topic_parser(sub)
+
+    pr = sub.add_parser("produce", help="one message per stdin line")
+    pr.add_argument("topic")
+    pr.add_argument("--json", action="store_true",
+                    help='lines are JSON objects {"value", "key", "tags", "properties"}')
+    pr.add_argument("--queue", type=int, default=None, help="target queue (default: by key hash)")
+    pr.add_argument("--batch", type=int, default=500, help="messages per produce call")
+
+    co = sub.add_parser("consume", help="print messages")
+    co.add_argument("topic")
+    co.add_argument("--from", dest="start", default="earliest", help="earliest | latest | OFFSET")
+    co.add_argument("--max", type=int, default=0, help="stop after N messages (0 = all available)")
+    co.add_argument("--queue", type=int, default=None, help="only this queue")
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
+
+    of = sub.add_parser("offsets", help="earliest/latest per queue and consumer-group lag")
+    of.add_argument("topic")
+    of.add_argument("--json", action="store_true")
+
+    _tier_parser(sub)
+    _compact_parser(sub)
+
+    cl = sub.add_parser("cluster", help="cluster status")
+    cs = cl.add_subparsers(dest="action", required=True)
+    st = cs.add_parser("status", help="nodes, groups, leaders, raft indexes")
+    st.add_argument("--json", action="store_true")
+    return p
+
+
+def _topic_parser(sub) -> None:
     topic = sub.add_parser("topic", help="create, list, describe, delete topics")
     ts = topic.add_subparsers(dest="action", required=True)
     c = ts.add_parser("create", help="create a topic")
@@ -59,34 +91,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     rm = ts.add_parser("delete", help="delete a topic and its data")
     rm.add_argument("name")
-
-    pr = sub.add_parser("produce", help="one message per stdin line")
-    pr.add_argument("topic")
-    pr.add_argument("--json", action="store_true",
-                    help='lines are JSON objects {"value", "key", "tags", "properties"}')
-    pr.add_argument("--queue", type=int, default=None, help="target queue (default: by key hash)")
-    pr.add_argument("--batch", type=int, default=500, help="messages per produce call")
-
-    co = sub.add_parser("consume", help="print messages")
-    co.add_argument("topic")
-    co.add_argument("--from", dest="start", default="earliest", help="earliest | latest | OFFSET")
-    co.add_argument("--max", type=int, default=0, help="stop after N messages (0 = all available)")
-    co.add_argument("--queue", type=int, default=None, help="only this queue")
-    co.add_argument("--json", action="store_true")
-    co.add_argument("--follow", action="store_true", help="keep waiting for new messages")
-
-    of = sub.add_parser("offsets", help="earliest/latest per queue and consumer-group lag")
-    of.add_argument("topic")
-    of.add_argument("--json", action="store_true")
-
-    _tier_parser(sub)
-    _compact_parser(sub)
-
-    cl = sub.add_parser("cluster", help="cluster status")
-    cs = cl.add_subparsers(dest="action", required=True)
-    st = cs.add_parser("status", help="nodes, groups, leaders, raft indexes")
-    st.add_argument("--json", action="store_true")
-    return p
 
 
 def _streaming_job_args(p, verb: str, home: str) -> None:
