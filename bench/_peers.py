@@ -281,9 +281,9 @@ def _use_fast_wire() -> None:
     """Give this process's pysyncobj the wire rmq's nodes run
     (``storage_service.raft.transport``: bytearray buffers, highest pickle protocol, no
     zlib), so the ceiling and our rows pay the same transport costs."""
-    from storage_service import _wire
+    from storage_service.raft import transport
 
-    _wire.install()
+    transport.install()
 
 
 def _make_log_class():

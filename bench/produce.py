@@ -18,7 +18,7 @@ once replicated):
    ``Client.produce_batches`` with one batch of 100 for each of the 8 queues:
    one request per leader node, as Kafka's producer sends one request per
    broker holding a batch per partition, over the nodes' produce port
-   (``storage_service/producewire.py``); then the same calls over gRPC.
+   (``storage_service/server/produce_port.py``); then the same calls over gRPC.
 4. NATS JetStream R3 (file storage, 3 local ``nats-server``), nats-py async
    publish for the rate, synchronous ``js.publish`` for the latency.
 5. pysyncobj 0.3.17 raw replicated append: 3 nodes in 3 processes, journal

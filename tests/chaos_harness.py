@@ -166,7 +166,7 @@ def _verify(client, cluster: LocalCluster, topic: str, producers: list[_Producer
 
 
 def _offsets_req(topic: str):
-    from .proto import rmq_pb2
+    from storage_service.proto import rmq_pb2
     return rmq_pb2.OffsetsRequest(topic=topic)
 
 

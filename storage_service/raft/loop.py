@@ -13,18 +13,27 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pysyncobj.poller import PollPoller
 
 from ..log.durability import fatal
-
-if TYPE_CHECKING:
-    from .group import RaftGroup
+from .journal import DurableJournal
 
 __all__ = ["RaftLoop", "capped_match_index", "loop_poller"]
 
 log = logging.getLogger(__name__)
+
+
+class LoopGroup(Protocol):
+    """What the loop needs of a group (``group.RaftGroup``)."""
+    group_id: int
+    journal: DurableJournal
+    raftCurrentTerm: int
+
+    def tick(self, wait: float) -> bool: ...
+    def wake(self) -> None: ...
+    def send_success(self, node, reset: bool, next_idx: int, term: int) -> None: ...
 
 
 def capped_match_index(match: dict, durable_idx: int) -> dict:
@@ -84,7 +93,7 @@ class RaftLoop:
     def __init__(self, tick: float = 0.1, name: str = "raft"):
         self.tick = tick
         self.poller = PollPoller()
-        self.groups: list["RaftGroup"] = []
+        self.groups: list["LoopGroup"] = []
         # Journal syncs run on a thread of their own: waiting for the disk on
         # the raft thread held up every group of the node (under produce load
         # about 30% of its time went to fdatasync). Success replies wait here
@@ -96,7 +105,7 @@ class RaftLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
 
-    def add(self, group: "RaftGroup") -> None:
+    def add(self, group: "LoopGroup") -> None:
         self.groups.append(group)
 
     def start(self) -> None:
@@ -108,14 +117,14 @@ class RaftLoop:
         return self._running
 
     # -------------------------------------------------------------- syncs
-    def request_sync(self, group: "RaftGroup") -> None:
+    def request_sync(self, group: "LoopGroup") -> None:
         """Sync the group's journal soon, then wake the loop (loop thread)."""
         with self._sync_wanted:
             if group not in self._to_sync:
                 self._to_sync.append(group)
                 self._sync_wanted.notify()
 
-    def defer_ack(self, group: "RaftGroup", node, reset: bool, next_idx: int) -> None:
+    def defer_ack(self, group: "LoopGroup", node, reset: bool, next_idx: int) -> None:
         """Send a follower's success reply once the entries it covers are durable (loop thread)."""
         self._acks.append((group, node, reset, next_idx, group.journal.truncations, group.raftCurrentTerm))
         if group.journal.durable_idx < next_idx - 1:

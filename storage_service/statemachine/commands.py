@@ -14,7 +14,7 @@ answered as an error result, the same on every replica.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
@@ -24,6 +24,15 @@ __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteT
 
 class UnknownCommand(ValueError):
     """A raft entry whose command this version does not know (or of the wrong shape)."""
+
+
+class _Command:
+    """A command replicated as ``(KIND, field, field, ...)`` in field order."""
+    __slots__ = ()
+    KIND: ClassVar[str]
+
+    def encode(self) -> tuple:
+        return (self.KIND, *(getattr(self, f.name) for f in fields(self)))
 
 
 # ------------------------------------------------------------------ data group
@@ -57,80 +66,59 @@ class Produce:
 
 
 @dataclass(frozen=True, slots=True)
-class Truncate:
+class Truncate(_Command):
     """Retention: move a queue's earliest offset up to ``offset``."""
     KIND: ClassVar[str] = "truncate"
     queue_dir: str
     offset: int
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.queue_dir, self.offset)
-
 
 @dataclass(frozen=True, slots=True)
-class Drop:
+class Drop(_Command):
     """Remove a queue of a deleted topic, files and producer state."""
     KIND: ClassVar[str] = "drop"
     queue_dir: str
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.queue_dir)
-
 
 # -------------------------------------------------------------- metadata group
 @dataclass(frozen=True, slots=True)
-class CreateTopic:
+class CreateTopic(_Command):
     KIND: ClassVar[str] = "create_topic"
     config: dict            # name, queues and the settings given; defaults filled in by apply
     created_ms: int
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.config, self.created_ms)
-
 
 @dataclass(frozen=True, slots=True)
-class AlterTopic:
+class AlterTopic(_Command):
     KIND: ClassVar[str] = "alter_topic"
     name: str
     changes: dict
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.name, self.changes)
-
 
 @dataclass(frozen=True, slots=True)
-class DeleteTopic:
+class DeleteTopic(_Command):
     KIND: ClassVar[str] = "delete_topic"
     name: str
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.name)
-
 
 @dataclass(frozen=True, slots=True)
-class CommitOffsets:
+class CommitOffsets(_Command):
     KIND: ClassVar[str] = "commit_offsets"
     consumer_group: str
     topic: str
     offsets: dict           # queue -> next offset
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.consumer_group, self.topic, self.offsets)
-
 
 @dataclass(frozen=True, slots=True)
-class SetWatermark:
+class SetWatermark(_Command):
     KIND: ClassVar[str] = "set_watermark"
     topic: str
     kind: str               # archive, archive_earliest, compaction
     offsets: dict           # queue -> offset; only moves forward
 
-    def encode(self) -> tuple:
-        return (self.KIND, self.topic, self.kind, self.offsets)
-
 
 @dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(_Command):
     """Take, renew (``ttl_ms`` > 0) or release (0) ``owner``'s lease on (topic, kind)."""
     KIND: ClassVar[str] = "lease"
     topic: str
@@ -138,9 +126,6 @@ class Lease:
     owner: str
     ttl_ms: int
     now_ms: int             # the proposing leader's clock: every replica decides alike
-
-    def encode(self) -> tuple:
-        return (self.KIND, self.topic, self.kind, self.owner, self.ttl_ms, self.now_ms)
 
 
 DataCommand = Union[Produce, Truncate, Drop]

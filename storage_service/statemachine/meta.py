@@ -86,29 +86,30 @@ class MetaState:
             topics.pop(name, None)
         return ("ok", cfg)
 
+    def _missing(self, topic: str) -> tuple | None:
+        return None if topic in self.topics else ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
+
     def _commit_offsets(self, raft_index: int, cmd: CommitOffsets):
-        group, topic, offsets = cmd.consumer_group, cmd.topic, cmd.offsets
-        if topic not in self.topics:
-            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
-        cur = self.offsets.setdefault(group, {}).setdefault(topic, {})
-        cur.update({str(q): int(o) for q, o in offsets.items()})
+        if missing := self._missing(cmd.topic):
+            return missing
+        cur = self.offsets.setdefault(cmd.consumer_group, {}).setdefault(cmd.topic, {})
+        cur.update({str(q): int(o) for q, o in cmd.offsets.items()})
         return ("ok", None)
 
     def _set_watermark(self, raft_index: int, cmd: SetWatermark):
-        topic, kind, offsets = cmd.topic, cmd.kind, cmd.offsets
-        if topic not in self.topics:
-            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
-        cur = self.watermarks.setdefault(topic, {}).setdefault(kind, {})
-        for q, o in offsets.items():   # watermarks only move forward
+        if missing := self._missing(cmd.topic):
+            return missing
+        cur = self.watermarks.setdefault(cmd.topic, {}).setdefault(cmd.kind, {})
+        for q, o in cmd.offsets.items():   # watermarks only move forward
             cur[str(q)] = max(int(o), cur.get(str(q), -1))
         return ("ok", None)
 
     def _lease(self, raft_index: int, cmd: Lease):
         """Take, renew (ttl_ms > 0) or release (0) ``owner``'s lease; ("ok", (granted,
         holder, expires_ms)). A lease held by another owner is taken only once it lapsed."""
+        if missing := self._missing(cmd.topic):
+            return missing
         topic, kind, owner, ttl_ms, now_ms = cmd.topic, cmd.kind, cmd.owner, cmd.ttl_ms, cmd.now_ms
-        if topic not in self.topics:
-            return ("error", "NOT_FOUND", f"topic {topic!r} does not exist")
         leases = self.leases.setdefault(topic, {})
         cur = leases.get(kind)
         free = cur is None or cur[0] == owner or cur[1] <= now_ms
