@@ -18,6 +18,7 @@ from typing import Sequence
 import grpc
 
 from ..proto import rmq_pb2, rmq_pb2_grpc
+from ..log.dirlock import DirectoryLock
 from .ports import free_port_block
 
 __all__ = ["LocalCluster"]
@@ -31,6 +32,16 @@ class LocalCluster:
                  extra_args: Sequence[str] = (), log_dir: str | None = None):
         """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4)."""
         self.data_dir = os.path.abspath(data_dir)
+        # One cluster per directory: held until stop(); raises DirectoryInUse first,
+        # before cluster.json or anything else is touched.
+        self._lock = DirectoryLock(self.data_dir).acquire()
+        try:
+            self._configure(nodes, groups, port, host, fsync, extra_args, log_dir)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _configure(self, nodes, groups, port, host, fsync, extra_args, log_dir) -> None:
         saved = self._saved()
         if saved and (nodes or saved["nodes"], groups or saved["groups"]) != (saved["nodes"], saved["groups"]):
             raise ValueError(f"{self.data_dir} holds a cluster of {saved['nodes']} nodes and "
@@ -88,6 +99,7 @@ class LocalCluster:
     def start(self, timeout: float = 60.0) -> "LocalCluster":
         """Start every node and wait until each sees a leader for every group. If that
         fails, the nodes started are stopped again (``with`` never reaches ``__exit__``)."""
+        self._lock.acquire()             # again after a stop()
         try:
             for i in range(self.nodes):
                 self.start_node(i)
@@ -148,6 +160,7 @@ class LocalCluster:
                     p.kill()
                     p.wait()
             self.procs[i] = None
+        self._lock.release()
 
     def __enter__(self) -> "LocalCluster":
         return self.start()

@@ -89,6 +89,8 @@ class RaftGroup(SyncObj):
         os.makedirs(data_dir, exist_ok=True)
         conf = SyncObjConf(
             autoTick=False, journalFile=None,
+            # Listen on this node's own address only (pysyncobj binds 0.0.0.0 without it).
+            bindAddress=self_addr,
             fullDumpFile=os.path.join(data_dir, "snapshot"),
             serializer=self._write_snapshot, deserializer=self._read_snapshot,
             appendEntriesPeriod=timing.append_period,

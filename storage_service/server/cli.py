@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 
+from ..log.dirlock import DirectoryInUse
 from ..raft.journal import FSYNC_POLICIES
 
 __all__ = ["main"]
@@ -38,8 +39,6 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from ..protocol.buffers import reuse_big_buffers
-    from ..raft.group import RaftTiming
-    from .node import NodeConfig, StorageNode
     from .service import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,21 +47,37 @@ def run_node(args) -> int:
     if not 0 <= args.id < len(addresses):
         print(f"--id {args.id} is not an index into --nodes (0..{len(addresses) - 1})", file=sys.stderr)
         return 2
-    node = StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
-                                  data_dir=args.data_dir, fsync=args.fsync,
-                                  max_message_bytes=args.max_message_bytes,
-                                  segment_bytes=args.segment_bytes,
-                                  retention_interval=args.retention_interval,
-                                  timing=RaftTiming(compaction_entries=args.compaction_entries)))
+    try:
+        node = _make_node(args, addresses)
+    except DirectoryInUse as e:
+        print(f"rmq-storage: {e}", file=sys.stderr)
+        return 2
     server = serve(node)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     logging.info("node %d serving on %s", args.id, addresses[args.id])
     stop.wait()
     server.stop(grace=1)
     node.stop()
     return 0
+
+
+def _make_node(args, addresses: tuple[str, ...]):
+    from ..raft.group import RaftTiming
+    from .node import NodeConfig, StorageNode
+
+    return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
+                                  data_dir=args.data_dir, fsync=args.fsync,
+                                  max_message_bytes=args.max_message_bytes,
+                                  segment_bytes=args.segment_bytes,
+                                  retention_interval=args.retention_interval,
+                                  timing=RaftTiming(compaction_entries=args.compaction_entries)))
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def run_local(args) -> int:
@@ -71,12 +86,10 @@ def run_local(args) -> int:
     try:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
                                port=args.port, fsync=args.fsync)
-    except ValueError as e:
+    except (ValueError, DirectoryInUse) as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = _stop_on_signals()
     try:
         cluster.start()
         print(f"endpoints: {cluster.endpoints}", flush=True)

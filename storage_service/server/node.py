@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
+from ..log.dirlock import DirectoryLock
 from ..log.retention import SegmentInfo, retention_cutoff
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
@@ -55,7 +56,9 @@ class NodeConfig:
 
 class StorageNode:
     def __init__(self, config: NodeConfig):
+        """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
+        self._dir_lock = DirectoryLock(config.data_dir).acquire()
         self.started = time.time()
         self._raft_to_grpc = {raft_address(a, g): a
                               for a in config.addresses for g in range(config.groups + 1)}
@@ -353,6 +356,7 @@ class StorageNode:
         with self._channels_lock:
             for ch in self._channels.values():
                 ch.close()
+        self._dir_lock.release()
 
 
 def _produce_entry(items: list[ProduceItem]) -> tuple:
