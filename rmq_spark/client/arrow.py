@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from storage_service.protocol import framing, records
 
-__all__ = ["ARROW_SCHEMA", "SPARK_DDL", "batches_to_arrow", "empty_batch"]
+__all__ = ["ARROW_SCHEMA", "SPARK_DDL", "HEADERS_FIELD", "batches_to_arrow", "empty_batch",
+           "with_headers"]
 
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("queue", pa.int32()),
@@ -25,6 +26,9 @@ ARROW_SCHEMA = pa.schema([
 ])
 SPARK_DDL = ("key binary, value binary, topic string, queue int, offset long, timestamp timestamp, "
              "born_timestamp timestamp, tags string, properties map<string,string>, msg_id string")
+# Kafka's ``headers`` column (``includeHeaders``), read right after ``properties``.
+HEADERS_FIELD = pa.field("headers", pa.list_(pa.field(
+    "element", pa.struct([("key", pa.string()), ("value", pa.binary())]))))
 _HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 _SHIFTS = np.arange(60, -4, -4, dtype=np.int64)
 
@@ -86,6 +90,25 @@ def _to_arrow(headers: list[framing.BatchHeader], c: records.Columns, topic: str
         _msg_ids(topic, queue, offsets),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=ARROW_SCHEMA)
+
+
+def with_headers(rb: pa.RecordBatch) -> pa.RecordBatch:
+    """``rb`` with a ``headers`` column inserted after ``properties``: each property
+    as a ``{key, value}`` entry (value: the property's UTF-8 bytes), in stored order.
+
+    Built from the map column's offsets and children, with no per-row Python. A
+    message without properties has null headers, as in Spark's Kafka source.
+    """
+    at = rb.schema.get_field_index("properties")
+    props = rb.column(at)
+    offsets = props.offsets.to_numpy()
+    lo, n = int(offsets[0]), int(offsets[-1] - offsets[0])    # ``props`` may be a slice
+    entries = pa.StructArray.from_arrays(
+        [props.keys.slice(lo, n), props.items.slice(lo, n).cast(pa.binary())], ["key", "value"])
+    none = (np.diff(offsets) == 0) | props.is_null().to_numpy(zero_copy_only=False)
+    headers = pa.ListArray.from_arrays(pa.array(offsets - lo, pa.int32()), entries,
+                                       type=HEADERS_FIELD.type, mask=pa.array(none))
+    return rb.add_column(at + 1, HEADERS_FIELD, headers)
 
 
 def empty_batch() -> pa.RecordBatch:

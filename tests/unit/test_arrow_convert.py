@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import random
 
+import pyarrow as pa
 import pytest
 
-from rmq_spark.client.arrow import ARROW_SCHEMA, batches_to_arrow
+from rmq_spark.client.arrow import (ARROW_SCHEMA, HEADERS_FIELD, batches_to_arrow, empty_batch,
+                                    with_headers)
 from storage_service.protocol import framing, records
 
 pytestmark = pytest.mark.unit
@@ -76,3 +78,32 @@ def test_bytes_read_from_a_file_must_be_the_located_batches():
     swapped = buf[frames[1].position:frames[2].position] + buf[:frames[1].position]
     with pytest.raises(framing.CorruptBatch, match="out of order|not at"):
         batches_to_arrow(swapped, "t", 0, 0, expect_next=frames[0].next_offset)
+
+
+def _headers(rb):
+    return [None if h is None else [(e["key"], e["value"]) for e in h]
+            for h in rb.column("headers").to_pylist()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_headers_is_properties_as_kafka_headers(seed):
+    """includeHeaders: one {key, value: UTF-8 bytes} per property, null without properties,
+    inserted after ``properties``; slices (trimmed fetches) and empty batches too."""
+    buf, want = _fetched(seed)
+    rb = batches_to_arrow(buf, "t", 0)
+    for part in (rb, rb.slice(2, rb.num_rows - 3), rb.slice(rb.num_rows), empty_batch()):
+        got = with_headers(part)
+        names = ARROW_SCHEMA.names
+        at = names.index("properties") + 1
+        assert got.schema.names == names[:at] + ["headers"] + names[at:]
+        assert got.schema.field("headers") == HEADERS_FIELD
+        assert got.drop_columns(["headers"]).equals(part)
+        props = part.column("properties").to_pylist()
+        assert _headers(got) == [[(k, v.encode()) for k, v in p] or None for p in props]
+    assert any(w["properties"] for w in want) and any(not w["properties"] for w in want)
+
+
+def test_with_headers_null_properties_from_an_archive():
+    props = pa.array([[("a", "1")], None, []], pa.map_(pa.string(), pa.string()))
+    rb = pa.RecordBatch.from_arrays([props], ["properties"])
+    assert _headers(with_headers(rb)) == [[("a", b"1")], None, None]
