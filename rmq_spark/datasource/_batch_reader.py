@@ -28,8 +28,7 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         with Client(self.opts.endpoints) as client:
-            topics = _planning.subscribed_topics(client, self.opts)
-            state = _planning.queue_state(client, topics, self.opts.read_archive)
+            state = _planning.subscribed_state(client, self.opts)
             start = _planning.resolve(client, self.opts.starting, state, "earliest")
             end = _planning.resolve(client, self.opts.ending, state, "latest")
         archived, hot = [], []

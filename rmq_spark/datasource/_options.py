@@ -6,6 +6,7 @@ rule is checked with ``if ... raise OptionError``.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -17,10 +18,14 @@ from storage_service.protocol.tags import parse_tag_expression
 from . import _offsets
 from .errors import OptionError
 
-__all__ = ["Bound", "ReadOptions", "WriteOptions", "READ_OPTIONS", "WRITE_OPTIONS"]
+__all__ = ["Bound", "Subscription", "ReadOptions", "WriteOptions", "READ_OPTIONS", "WRITE_OPTIONS"]
 
+# Spark's Kafka source names for this source's options of the same meaning.
+KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern"}
+SUBSCRIPTION_OPTIONS = ("topic", "topics", "subscribe", "topicPattern", "subscribePattern",
+                        "assign")
 READ_OPTIONS = (
-    "endpoints", "topic", "topics", "topicPattern", "startingOffsets", "endingOffsets",
+    "endpoints", *SUBSCRIPTION_OPTIONS, "includeHeaders", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
@@ -33,6 +38,7 @@ DEFAULT_FETCH_BYTES = 8 << 20
 MAX_FETCH_BYTES = 64 << 20
 MIN_FETCH_BYTES = 64 << 10
 DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000
+_ASSIGN_EG = '{"topicA": [0, 1], "topicB": [2]}'
 
 
 @dataclass(frozen=True)
@@ -126,24 +132,71 @@ def _bound(opts: dict[str, str], prefix: str) -> Bound | None:
     return Bound("offsets", _json(name, value, -2 if prefix == "starting" else -1), option=name)
 
 
-def _subscription(opts: dict[str, str]) -> tuple[tuple[str, ...], str | None]:
-    given = [n for n in ("topic", "topics", "topicPattern") if n in opts]
+@dataclass(frozen=True)
+class Subscription:
+    """What a read subscribes to, and the option (as the user wrote it) that said so.
+
+    ``assign``: only these queues of these topics (``topics`` are its topics).
+    """
+    option: str
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+
+
+def _subscription(opts: dict[str, str]) -> Subscription:
+    given = [n for n in SUBSCRIPTION_OPTIONS if n in opts]
+    for alias, original in KAFKA_ALIASES.items():
+        if alias in given and original in given:
+            raise OptionError(alias, f"is Kafka's name for {original}, with the same meaning; "
+                                     f"give {original} or {alias}, not both")
     if len(given) != 1:
         what = f"got {', '.join(given)}" if given else "none given"
-        raise OptionError("topic", f"give exactly one of topic, topics (comma list) or "
-                                   f"topicPattern (regex) ({what})")
+        raise OptionError(given[0] if given else "topic",
+                          "give exactly one of topic, topics or subscribe (comma list), "
+                          f"topicPattern or subscribePattern (regex), assign (JSON {_ASSIGN_EG}) "
+                          f"({what})")
     name = given[0]
-    if name == "topicPattern":
-        try:
-            re.compile(opts[name])
-        except re.error as e:
-            raise OptionError(name, f"{opts[name]!r} is not a regular expression: {e}") from e
-        return (), opts[name]
+    if name == "assign":
+        assign = _assign(name, opts[name])
+        return Subscription(name, tuple(assign), assign=assign)
+    if name in ("topicPattern", "subscribePattern"):
+        return Subscription(name, pattern=_pattern(name, opts[name]))
     topics = tuple(t.strip() for t in opts[name].split(",") if t.strip())
     if not topics or (name == "topic" and len(topics) != 1):
         want = "one topic name" if name == "topic" else "a comma-separated list of topic names"
         raise OptionError(name, f"{opts[name]!r}: give {want}")
-    return topics, None
+    return Subscription(name, topics)
+
+
+def _pattern(name: str, value: str) -> str:
+    if not value.strip():
+        raise OptionError(name, "must not be empty; give a regular expression such as 'orders-.*'")
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise OptionError(name, f"{value!r} is not a regular expression: {e}") from e
+    return value
+
+
+def _assign(name: str, value: str) -> dict[str, tuple[int, ...]]:
+    """``{"topicA": [0, 1], "topicB": [2]}`` -> ``{"topicA": (0, 1), "topicB": (2,)}``."""
+    try:
+        raw = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise OptionError(name, f"not valid JSON ({e.msg} at character {e.pos}); expected "
+                                f"e.g. {_ASSIGN_EG}") from e
+    if not isinstance(raw, dict) or not raw:
+        raise OptionError(name, f"expected a non-empty JSON object of topic -> list of queues, "
+                                f"e.g. {_ASSIGN_EG}; got {value!r}")
+    out = {}
+    for topic, queues in raw.items():
+        if (not topic.strip() or not isinstance(queues, list) or not queues
+                or not all(type(q) is int and q >= 0 for q in queues)):
+            raise OptionError(name, f"topic {topic!r}: expected a non-empty list of queue "
+                                    f"numbers >= 0, e.g. {_ASSIGN_EG}; got {json.dumps(queues)}")
+        out[topic] = tuple(sorted(set(queues)))
+    return out
 
 
 def _endpoints(opts: dict[str, str]) -> str:
@@ -161,6 +214,9 @@ class ReadOptions:
     endpoints: str
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None   # only these queues of ``topics``
+    subscribed_by: str = "topic"                        # the option, for error messages
+    include_headers: bool = False
     starting: Bound | None = None
     ending: Bound | None = None
     max_offsets_per_trigger: int | None = None
@@ -178,7 +234,7 @@ class ReadOptions:
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadOptions":
         opts = _canonical(options, READ_OPTIONS, "read")
-        topics, pattern = _subscription(opts)
+        sub = _subscription(opts)
         parsers: dict[str, tuple[str, Callable[[str, str], object]]] = {
             "maxOffsetsPerTrigger": ("max_offsets_per_trigger", lambda n, v: _int(n, v, 1)),
             "minOffsetsPerTrigger": ("min_offsets_per_trigger", lambda n, v: _int(n, v, 1)),
@@ -190,13 +246,15 @@ class ReadOptions:
             "consumerGroup": ("consumer_group", _nonempty),
             "readArchive": ("read_archive", _bool),
             "localReads": ("local_reads", _bool),
+            "includeHeaders": ("include_headers", _bool),
             "maxBytesPerFetch": ("max_bytes_per_fetch",
                                  lambda n, v: _int(n, v, MIN_FETCH_BYTES, MAX_FETCH_BYTES)),
         }
         values = {attr: parse(name, opts[name]) for name, (attr, parse) in parsers.items()
                   if name in opts}
-        result = cls(endpoints=_endpoints(opts), topics=topics, topic_pattern=pattern,
-                     starting=_bound(opts, "starting"), ending=_bound(opts, "ending"), **values)
+        result = cls(endpoints=_endpoints(opts), topics=sub.topics, topic_pattern=sub.pattern,
+                     assign=sub.assign, subscribed_by=sub.option, starting=_bound(opts, "starting"),
+                     ending=_bound(opts, "ending"), **values)
         result._check()
         return result
 
@@ -206,10 +264,17 @@ class ReadOptions:
             raise OptionError("minOffsetsPerTrigger",
                               f"{lo} is above maxOffsetsPerTrigger={hi}; it must be <= it")
         for bound in (self.starting, self.ending):
-            for topic in (bound.positions if bound else {}):
-                if not self.subscribes(topic):
-                    raise OptionError(bound.option, f"topic {topic!r} is not subscribed "
-                                      f"({self._subscription_text()})")
+            for topic, queues in (bound.positions if bound else {}).items():
+                self._check_subscribed(bound.option, topic, queues)
+
+    def _check_subscribed(self, option: str, topic: str, queues: Mapping[int, int]) -> None:
+        if not self.subscribes(topic):
+            raise OptionError(option, f"topic {topic!r} is not subscribed "
+                              f"({self._subscription_text()})")
+        extra = sorted(set(queues) - set(self.assign[topic])) if self.assign else []
+        if extra:
+            raise OptionError(option, f"topic {topic!r} queue {extra[0]} is not assigned "
+                              f"({self._subscription_text()})")
 
     def subscribes(self, topic: str) -> bool:
         if self.topic_pattern is not None:
@@ -218,8 +283,10 @@ class ReadOptions:
 
     def _subscription_text(self) -> str:
         if self.topic_pattern is not None:
-            return f"topicPattern={self.topic_pattern!r}"
-        return f"topics={','.join(self.topics)}"
+            return f"{self.subscribed_by}={self.topic_pattern!r}"
+        if self.assign is not None:
+            return f"assign={json.dumps(self.assign, separators=(',', ':'))}"
+        return f"{self.subscribed_by}={','.join(self.topics)}"
 
     def check_batch(self) -> None:
         """Rules that only hold for spark.read."""

@@ -21,8 +21,9 @@ from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
 
-__all__ = ["QueueRange", "ArchiveRange", "QueueView", "subscribed_topics", "queue_state",
-           "resolve", "plan", "split_ranges", "cap_by_backlog", "report_data_loss", "State"]
+__all__ = ["QueueRange", "ArchiveRange", "QueueView", "subscribed_topics", "subscribed_state",
+           "queue_state", "resolve", "plan", "split_ranges", "cap_by_backlog", "report_data_loss",
+           "State"]
 
 log = logging.getLogger(__name__)
 ARCHIVE_TASK_ROWS = 2_000_000     # archive rows per Spark task, at file boundaries
@@ -74,10 +75,27 @@ def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
         return [t for t in existing if opts.subscribes(t)]
     missing = [t for t in opts.topics if t not in existing]
     if missing:
-        raise OptionError("topic" if len(opts.topics) == 1 else "topics",
-                          f"topic {missing[0]!r} does not exist; create it first "
-                          f"(rmq topic create {missing[0]}) or use topicPattern")
+        raise OptionError(opts.subscribed_by, f"topic {missing[0]!r} does not exist; create "
+                          f"it first (rmq topic create {missing[0]}) or use topicPattern")
     return list(opts.topics)
+
+
+def subscribed_state(client: Client, opts: ReadOptions) -> State:
+    """``queue_state`` of the queues the options read now: every queue of the
+    subscribed topics, or with ``assign`` only the assigned ones (which must exist)."""
+    state = queue_state(client, subscribed_topics(client, opts), opts.read_archive)
+    if opts.assign is None:
+        return state
+    return {t: _assigned(t, queues, opts.assign[t]) for t, queues in state.items()}
+
+
+def _assigned(topic: str, queues: dict[int, QueueView],
+              wanted: tuple[int, ...]) -> dict[int, QueueView]:
+    missing = [q for q in wanted if q not in queues]
+    if missing:
+        raise OptionError("assign", f"topic {topic!r} has no queue {missing[0]} (it has "
+                          f"{len(queues)} queues, 0 to {len(queues) - 1})")
+    return {q: queues[q] for q in wanted}
 
 
 def queue_state(client: Client, topics: Iterable[str], archive: bool = True) -> State:

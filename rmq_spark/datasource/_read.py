@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from rmq_spark.archive.errors import ArchiveError
 from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange
-from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch
+from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch, with_headers
 from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.tags import parse_tag_expression
 
@@ -121,10 +121,12 @@ def _archive_gaps(opts: ReadOptions, part: ArchiveRange, offsets: np.ndarray) ->
 
 
 def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
-    """An archive or a hot-log partition's rows."""
+    """An archive or a hot-log partition's rows (with ``headers`` if ``includeHeaders``)."""
     if isinstance(part, ArchiveRange):
-        return read_archive(opts, part)
-    return read_range(opts, part)
+        batches = read_archive(opts, part)
+    else:
+        batches = read_range(opts, part)
+    return map(with_headers, batches) if opts.include_headers else batches
 
 
 _clients: dict[str, Client] = {}

@@ -5,8 +5,6 @@ from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStre
                                     DataSourceStreamWriter, DataSourceWriter)
 from pyspark.sql.types import StructType
 
-from rmq_spark.client.arrow import SPARK_DDL
-
 from ._options import ReadOptions, WriteOptions
 from .errors import OptionError
 
@@ -15,6 +13,7 @@ __all__ = ["RocketMQDataSource"]
 _COLUMNS = [("key", "binary"), ("value", "binary"), ("topic", "string"), ("queue", "int"),
             ("offset", "bigint"), ("timestamp", "timestamp"), ("born_timestamp", "timestamp"),
             ("tags", "string"), ("properties", "map<string,string>"), ("msg_id", "string")]
+_HEADERS = ("headers", "array<struct<key:string,value:binary>>")     # includeHeaders=true
 
 
 class RocketMQDataSource(DataSource):
@@ -32,6 +31,9 @@ class RocketMQDataSource(DataSource):
         born_timestamp timestamp (producer time), tags string,
         properties map<string,string>, msg_id string
 
+    With ``includeHeaders=true``, ``headers array<struct<key string, value
+    binary>>`` follows ``properties``.
+
     Common option
     -------------
     endpoints : str, required
@@ -40,13 +42,25 @@ class RocketMQDataSource(DataSource):
     Read options
     ------------
     topic : str
-        One topic. Exactly one of ``topic``, ``topics``, ``topicPattern``.
-    topics : str
+        One topic. Exactly one of ``topic``, ``topics`` (or ``subscribe``),
+        ``topicPattern`` (or ``subscribePattern``), ``assign``; an alias and
+        its original together are an error too.
+    topics : str; alias ``subscribe`` (Spark's Kafka source name)
         Comma-separated topics, e.g. ``"orders,payments"``.
-    topicPattern : str
+    topicPattern : str; alias ``subscribePattern`` (Kafka's name)
         Python regular expression matched against whole topic names, e.g.
         ``"orders-.*"``. Streams pick up matching topics created later,
         from their earliest offset.
+    assign : str (JSON), as in Spark's Kafka source
+        Only these queues of these topics, ``{"orders": [0, 1], "payments": [2]}``,
+        batch and stream (offsets keep the form ``{"topic": {"queue": n}}``).
+        Every topic must exist and have each queue listed; starting/ending
+        offsets may name assigned queues only.
+    includeHeaders : bool, default ``false``
+        Add the column ``headers array<struct<key: string, value: binary>>``
+        after ``properties`` (as Spark's Kafka source): one entry per
+        property, key = its name, value = the UTF-8 bytes of its value, in
+        stored order; null for a message without properties (as Kafka).
     startingOffsets : str, default ``earliest`` (batch) / ``latest`` (stream)
         ``earliest``, ``latest`` or JSON ``{"orders": {"0": 23, "1": -2}}``
         (-2 = earliest, -1 = latest; queues left out start at earliest).
@@ -131,15 +145,15 @@ class RocketMQDataSource(DataSource):
         return "rocketmq"
 
     def schema(self) -> str:
-        ReadOptions.from_options(self.options)  # fail at load(), before any planning
-        return SPARK_DDL
+        opts = ReadOptions.from_options(self.options)  # fail at load(), before any planning
+        return _ddl(_read_columns(opts))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from ._batch_reader import BatchReader
 
         opts = ReadOptions.from_options(self.options)
         opts.check_batch()
-        _check_read_schema(schema)
+        _check_read_schema(opts, schema)
         return BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -147,7 +161,7 @@ class RocketMQDataSource(DataSource):
 
         opts = ReadOptions.from_options(self.options)
         opts.check_streaming()
-        _check_read_schema(schema)
+        _check_read_schema(opts, schema)
         return StreamReader(opts)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -168,8 +182,21 @@ class RocketMQDataSource(DataSource):
         return StreamWriter(WriteOptions.from_options(self.options), schema)
 
 
-def _check_read_schema(schema: StructType) -> None:
+def _read_columns(opts: ReadOptions) -> list[tuple[str, str]]:
+    if not opts.include_headers:
+        return _COLUMNS
+    at = [name for name, _ in _COLUMNS].index("properties") + 1
+    return [*_COLUMNS[:at], _HEADERS, *_COLUMNS[at:]]
+
+
+def _check_read_schema(opts: ReadOptions, schema: StructType) -> None:
     got = [(f.name, f.dataType.simpleString()) for f in schema.fields]
-    if got != _COLUMNS:
+    want = _read_columns(opts)
+    if got != want:
         raise OptionError("schema", "the rocketmq source has a fixed schema and cannot be read "
-                          f"with a user-specified one; remove .schema(...) (expected: {SPARK_DDL})")
+                          "with a user-specified one; remove .schema(...) (expected: "
+                          f"{_ddl(want)})")
+
+
+def _ddl(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {typ}" for name, typ in columns)

@@ -60,9 +60,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._client
 
     def _state(self) -> _planning.State:
-        client = self._c()
-        return _planning.queue_state(client, _planning.subscribed_topics(client, self.opts),
-                                     self.opts.read_archive)
+        return _planning.subscribed_state(self._c(), self.opts)
 
     # ----------------------------------------------------------- offsets
     def initialOffset(self) -> dict:

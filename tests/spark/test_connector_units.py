@@ -3,6 +3,7 @@ the Arrow -> records-block encoder. No cluster, no SparkSession."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -121,3 +122,60 @@ def test_encode_block_matches_the_service_codec():
                                   [r["born"] for r in rows])
         assert encode_block(part) == expected
     assert batch.column("born").to_pylist()[:4] == [1, 2, 777, 4]
+
+
+# ------------------------------------------------------- Kafka habits (issue 17, item 12)
+KAFKA = {"endpoints": "127.0.0.1:1"}
+
+
+def test_kafka_subscription_names_parse_as_ours():
+    """subscribe / subscribePattern / assign: Spark's Kafka source names, any case."""
+    sub = ReadOptions.from_options({**KAFKA, "SUBSCRIBE": " a, b "})
+    assert (sub.topics, sub.topic_pattern, sub.assign, sub.subscribed_by) == (("a", "b"), None, None, "subscribe")
+    assert replace(sub, subscribed_by="topics") == ReadOptions.from_options({**KAFKA, "topics": "a,b"})
+    pat = ReadOptions.from_options({**KAFKA, "subscribepattern": "or.*"})
+    assert (pat.topics, pat.topic_pattern, pat.subscribes("orders"), pat.subscribes("x")) == ((), "or.*", True, False)
+    a = ReadOptions.from_options({**KAFKA, "assign": '{"b": [2], "a": [1, 0, 1]}',
+                                  "startingOffsets": '{"a": {"1": 4}}'})
+    assert (a.topics, a.assign, a.subscribed_by) == (("b", "a"), {"a": (0, 1), "b": (2,)}, "assign")
+    assert a.starting.positions == {"a": {1: 4}}
+
+
+def test_include_headers_defaults_to_false():
+    assert ReadOptions.from_options(BASE).include_headers is False
+    assert ReadOptions.from_options({**BASE, "includeheaders": "True"}).include_headers is True
+
+
+@pytest.mark.parametrize("extra,option,needle", [
+    ({"topics": "a", "subscribe": "a"}, "subscribe",
+     "is Kafka's name for topics, with the same meaning; give topics or subscribe, not both"),
+    ({"topicPattern": "a", "subscribePattern": "a"}, "subscribePattern",
+     "give topicPattern or subscribePattern, not both"),
+    ({"subscribe": "a", "assign": '{"a": [0]}'}, "subscribe",
+     "give exactly one of topic, topics or subscribe (comma list), topicPattern or subscribePattern "
+     '(regex), assign (JSON {"topicA": [0, 1], "topicB": [2]}) (got subscribe, assign)'),
+    ({"subscribePattern": "a.*", "topics": "a"}, "topics", "(got topics, subscribePattern)"),
+    ({}, "topic", 'or subscribePattern (regex), assign (JSON {"topicA": [0, 1], "topicB": [2]}) '
+                  "(none given)"),
+    ({"subscribe": " , "}, "subscribe", "give a comma-separated list of topic names"),
+    ({"subscribePattern": ""}, "subscribePattern", "must not be empty"),
+    ({"subscribePattern": "("}, "subscribePattern", "is not a regular expression"),
+    ({"assign": "{"}, "assign", 'not valid JSON (Expecting property name'),
+    ({"assign": "[0, 1]"}, "assign", "expected a non-empty JSON object of topic -> list of queues"),
+    ({"assign": "{}"}, "assign", "expected a non-empty JSON object"),
+    ({"assign": '{"a": []}'}, "assign", "topic 'a': expected a non-empty list of queue numbers >= 0"),
+    ({"assign": '{"a": [-1]}'}, "assign", "numbers >= 0"),
+    ({"assign": '{"a": [true]}'}, "assign", "got [true]"),
+    ({"assign": '{"a": {"0": 1}}'}, "assign", "numbers >= 0"),
+    ({"assign": '{"a": [0]}', "startingOffsets": '{"a": {"1": 5}}'}, "startingOffsets",
+     "topic 'a' queue 1 is not assigned (assign={\"a\":[0]})"),
+    ({"assign": '{"a": [0]}', "endingOffsets": '{"b": {"0": 5}}'}, "endingOffsets",
+     "topic 'b' is not subscribed (assign="),
+    ({"subscribe": "a", "startingOffsets": '{"b": {"0": 5}}'}, "startingOffsets",
+     "not subscribed (subscribe=a)"),
+    ({"subscribe": "a", "includeHeaders": "1"}, "includeHeaders", "true or false"),
+])
+def test_kafka_option_errors(extra, option, needle):
+    with pytest.raises(OptionError) as e:
+        ReadOptions.from_options({**KAFKA, **extra})
+    assert e.value.option == option and needle in str(e.value), str(e.value)
