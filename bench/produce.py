@@ -34,14 +34,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import logging
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -72,7 +75,10 @@ RMQ_B1 = "rmq-spark 3-node, batch=1"
 RMQ_B100 = "rmq-spark 3-node, batch=100"
 RMQ_B100X8 = "rmq-spark 3-node, batch=100 x 8 queues/call"
 RMQ_B100X8_GRPC = "  the same over gRPC (no produce port)"
-RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC)
+RMQ_CLI = "rmq produce (CLI), lines from a file"
+RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC, RMQ_CLI)
+CLI_VS_BATCHED = "rmq produce (CLI) / batch=100 x 8 queues/call msgs/s"
+TARGET_CLI_SHARE = 0.70
 PORT_VS_GRPC = "8 queues/call: produce port / gRPC msgs/s"
 NATS = "NATS JetStream R3, async publish (nats-py)"
 CEILING = "pysyncobj raw replicated append (ceiling)"
@@ -297,11 +303,49 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
                 p50, p99 = percentiles_ms(rmq_latency(c, values, batch, per_queue, args.seconds))
                 rows.append(Row(name, rate, p50, p99,
                                 f"{args.threads} threads; p50/p99: sequential calls", cpu))
+            rows.append(measure_cli(cluster, root, args.seconds, [p.pid for p in cluster.procs if p]))
     except Exception as e:  # still measure the peers; the error is printed
         log.exception("rmq-spark benchmark failed")
         done = {r.name for r in rows}
         rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in RMQ_ROWS if n not in done]
     return sorted(rows, key=lambda r: RMQ_ROWS.index(r.name))
+
+
+def _lines_file(path: str, lines: int) -> None:
+    """``lines`` distinct-looking text lines of MSG_SIZE bytes (newline excluded)."""
+    pool = [base64.b64encode(os.urandom(MSG_SIZE)).decode()[:MSG_SIZE].encode() + b"\n" for _ in range(1000)]
+    block = b"".join(pool)
+    with open(path, "wb") as f:
+        for _ in range(lines // len(pool)):
+            f.write(block)
+
+
+def measure_cli(cluster, root: str, seconds: float, pids: list[int]) -> Row:
+    """``rmq produce TOPIC < file``: a file of lines through the command line, start-up
+    included, as a user runs it (pipelined batches per queue, idempotent)."""
+    lines = max(20_000, int(seconds * 100_000)) // 1000 * 1000
+    path = os.path.join(root, "lines.txt")
+    _lines_file(path, lines)
+    from rmq_spark.client import Client
+    with Client(cluster.endpoints) as c:
+        c.create_topic("bench-cli", queues=QUEUES)
+    meter = CpuMeter(pids)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    meter.start()
+    with open(path, "rb") as f, progress("rmq produce (CLI)", lambda: 0, "lines"):
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", cluster.endpoints,
+                              "produce", "bench-cli"], stdin=f, capture_output=True, text=True, timeout=600)
+        wall = time.monotonic() - t0
+    meter.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    os.unlink(path)
+    if out.returncode != 0:
+        return Row(RMQ_CLI, note=f"n/a: rmq produce exit {out.returncode}: {out.stderr[-150:]}")
+    acked = int(out.stdout.split("produced ", 1)[1].split()[0])
+    child = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = None if meter.seconds is None else (meter.seconds + child) / acked * 1e6
+    return Row(RMQ_CLI, acked / wall, None, None, f"{acked:,} lines of {size_name()}, wall time incl. start-up", cpu)
 
 
 # ---- peers -----------------------------------------------------------------
@@ -478,6 +522,11 @@ def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
             (f"batched produce ({how}) >= {TARGET_X_NATS:g}x NATS JetStream nats-py publish rate",
              x_nats, ".2f", lambda v: v >= TARGET_X_NATS),
         ]
+    cli, b100x8 = by_name[RMQ_CLI], by_name[RMQ_B100X8]
+    share = (cli.msgs_per_s / b100x8.msgs_per_s if cli.msgs_per_s is not None and b100x8.msgs_per_s
+             else None)
+    checks.append((f"rmq produce (CLI) >= {TARGET_CLI_SHARE:.0%} of the batched 8 queues/call rate",
+                   share, ".2f", lambda v: v >= TARGET_CLI_SHARE))
     checks.append((f"single-message produce p99 <= {TARGET_P99_MS:g} ms",
                    b1.p99_ms, ".2f", lambda v: v <= TARGET_P99_MS))
     return [{"target": text, "value": value, "shown": _fmt(value, spec),
@@ -494,7 +543,8 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              f"{RMQ_B1}: p50 / NATS sync p50": (b1.p50_ms, nats.p50_ms),
              f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms),
              PORT_VS_GRPC: (b100x8.msgs_per_s, over_grpc.msgs_per_s),
-             "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us)}
+             "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us),
+             CLI_VS_BATCHED: (by_name[RMQ_CLI].msgs_per_s, b100x8.msgs_per_s)}
     return {k: None if a is None or not b else a / b for k, (a, b) in pairs.items()}
 
 

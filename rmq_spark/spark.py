@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from contextlib import contextmanager
 
-__all__ = ["JARS_DIR", "delta_jars", "session_builder", "session_conf"]
+__all__ = ["JARS_DIR", "delta_jars", "session_builder", "session_conf", "worker_python"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "jars"))
@@ -24,12 +25,25 @@ def delta_jars() -> list[str]:
     return jars
 
 
+def worker_python() -> str:
+    """The Python Spark's workers run: ``PYSPARK_PYTHON`` if set, else this one.
+
+    Spark starts its Python workers with ``python3`` from PATH by default; from a
+    shell without the project's venv on PATH that Python lacks ``rmq_spark`` and
+    every read fails with ``DATA_SOURCE_NOT_FOUND ... rocketmq``.
+    """
+    return os.environ.get("PYSPARK_PYTHON") or sys.executable
+
+
 def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"):
-    """A ``SparkSession.Builder`` with the Delta extension and catalog configured."""
+    """A ``SparkSession.Builder`` with the Delta extension and catalog configured,
+    and Python workers that run this interpreter (``worker_python``)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")     # loopback only
+    os.environ["PYSPARK_PYTHON"] = worker_python()
     b = (SparkSession.builder.appName(app_name)
+         .config("spark.pyspark.python", worker_python())
          .config("spark.driver.host", "127.0.0.1")
          .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.jars", ",".join(delta_jars()))

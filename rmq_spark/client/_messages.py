@@ -77,5 +77,5 @@ def topic_config(c: rmq_pb2.TopicConfig) -> dict:
     return dict(name=c.name, queues=c.queues, retention_ms=c.retention_ms,
                 retention_bytes=c.retention_bytes, cleanup_policy=c.cleanup_policy, tier=c.tier,
                 local_retention_ms=c.local_retention_ms, delete_retention_ms=c.delete_retention_ms,
-                min_compaction_lag_ms=c.min_compaction_lag_ms, incarnation=c.incarnation,
-                created_ms=c.created_ms)
+                min_compaction_lag_ms=c.min_compaction_lag_ms, compacted_table=c.compacted_table,
+                incarnation=c.incarnation, created_ms=c.created_ms)

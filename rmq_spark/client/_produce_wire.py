@@ -151,8 +151,7 @@ class _Connection:
                         chunk = None
                     if chunk == b"":
                         raise WireProtocolError("closed by the node")
-                    frames.feed(chunk or b"")
-                    for f in frames.frames():
+                    for f in frames.feed(chunk or b""):
                         self._answer(f.request_id, f.code, f.body)
                 if self._expired():
                     return

@@ -49,6 +49,8 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
         host, _, port = e.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"endpoint {e!r} is not host:port")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"endpoint {e!r}: port {port} is out of range (1-65535)")
     return out
 
 
@@ -177,15 +179,18 @@ class Client:
     def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
                     tier: str | None = None, local_retention_ms: int | None = None,
                     queues: int | None = None, delete_retention_ms: int | None = None,
-                    min_compaction_lag_ms: int | None = None) -> dict:
+                    min_compaction_lag_ms: int | None = None, compacted_table: str | None = None) -> dict:
         """Change retention, tiering or compaction settings of an existing topic, or
-        grow its queue count (None leaves a field as is). ``queues`` may only grow; the new queues start
+        grow its queue count (None leaves a field as is). ``tier`` (``delta:PATH`` or
+        ``parquet:PATH``) is a delete topic's archive; ``compacted_table``
+        (``delta:PATH``) a compact topic's table. ``queues`` may only grow; the new queues start
         empty at offset 0 and existing queues keep their data and raft group."""
         req = rmq_pb2.AlterTopicRequest(name=name)
         for field, value in (("retention_ms", retention_ms), ("retention_bytes", retention_bytes),
                              ("tier", tier), ("local_retention_ms", local_retention_ms),
                              ("queues", queues), ("delete_retention_ms", delete_retention_ms),
-                             ("min_compaction_lag_ms", min_compaction_lag_ms)):
+                             ("min_compaction_lag_ms", min_compaction_lag_ms),
+                             ("compacted_table", compacted_table)):
             if value is not None:
                 setattr(req, field, value)
         return topic_config(self.call("AlterTopic", req, group=META_GROUP).config)
@@ -416,8 +421,8 @@ class Client:
                                            raft_log_entries=g.raft_log_entries) for g in n.groups]))
         return {"groups": resp.groups, "nodes": nodes}
 
-    def health(self, address: str | None = None) -> dict:
-        r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=5)
+    def health(self, address: str | None = None, timeout: float = 5.0) -> dict:
+        r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=timeout)
         return dict(serving=r.serving, groups_with_leader=r.groups_with_leader, groups_total=r.groups_total)
 
     def close(self) -> None:

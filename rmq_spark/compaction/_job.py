@@ -13,7 +13,7 @@ per micro-batch (``foreachBatch``):
 3. records the ``compaction`` watermark (the batch's end offsets) in the
    metadata group: everything below it is in the table.
 
-The table path is the compact topic's ``tier`` config (``delta:PATH``).
+The table path is the compact topic's ``compacted_table`` config (``delta:PATH``).
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ class CompactSettings:
             raise CompactionConfigError(
                 f"topic {topic!r} has cleanup policy {cfg['cleanup_policy']!r}; compaction "
                 "needs a compact topic (`rmq topic create NAME --cleanup-policy compact`)")
-        current = layout.parse_tier(cfg["tier"]) if cfg["tier"] else None
+        current = layout.parse_tier(cfg["compacted_table"]) if cfg["compacted_table"] else None
         if table is None:
             if current is None:
                 raise CompactionConfigError(f"topic {topic!r} has no table yet: give one "
@@ -80,11 +80,11 @@ class CompactSettings:
             if current is not None and current.path != path:
                 raise CompactionConfigError(f"topic {topic!r} is compacted into {current.path}, "
                                             f"not {path}; omit --table, or change it first "
-                                            f"(`rmq topic alter {topic} --tier delta:{path}`)")
+                                            f"(`rmq topic alter {topic} --compacted-table {path}`)")
         ckpt = (_checkpoint.local_path(checkpoint, "checkpoint", CompactionConfigError)
                 if checkpoint else _checkpoint.checkpoint_under(path, topic))
         if current is None:
-            client.alter_topic(topic, tier=f"delta:{path}")
+            client.alter_topic(topic, compacted_table=f"delta:{path}")
         return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger)
 
     @property

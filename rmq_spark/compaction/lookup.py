@@ -4,7 +4,8 @@ The table holds every key's winner up to the compaction watermark; the hot
 log above the watermark (the tail the job has not merged yet) may hold newer
 records. ``latest`` scans each queue's tail for the key (Arrow, vectorised)
 and compares the newest hit with the table's row by (queue, offset), the
-order the compaction job uses; a tombstone wins as "no value".
+order the compaction job uses; a tombstone wins as "no value". Before the
+job's first run a topic has no table: the whole hot log is the tail.
 """
 from __future__ import annotations
 
@@ -32,12 +33,10 @@ class KeyLookup:
             raise CompactionConfigError(f"topic {topic!r} has cleanup policy "
                                         f"{cfg['cleanup_policy']!r}; lookups by key need a "
                                         "compact topic")
-        if table is None:
-            if not cfg["tier"]:
-                raise CompactionConfigError(f"topic {topic!r} has no compacted table yet "
-                                            "(run `rmq compact` first, or give --table)")
-            table = layout.parse_tier(cfg["tier"]).path
-        self.client, self.topic, self.table = client, topic, CompactedTable(table)
+        if table is None and cfg["compacted_table"]:
+            table = layout.parse_tier(cfg["compacted_table"]).path
+        self.client, self.topic = client, topic
+        self.table = CompactedTable(table) if table is not None else None   # None: hot log only
 
     def _tails(self):
         for q in self.client.describe_topic(self.topic)["queue_info"]:
@@ -55,7 +54,7 @@ class KeyLookup:
 
     def latest(self, key: bytes) -> TableRow | None:
         """The key's latest value; None if it never had one or its latest is a tombstone."""
-        best: TableRow | None = self.table.get(key)
+        best: TableRow | None = self.table.get(key) if self.table is not None else None
         for rb in self._tails():
             hit = np.nonzero(pc.equal(rb.column("key"), pa.scalar(key, pa.binary()))
                              .to_numpy(zero_copy_only=False))[0]
@@ -67,7 +66,7 @@ class KeyLookup:
 
     def scan(self, prefix: bytes = b"", limit: int | None = None) -> list[TableRow]:
         """Latest value of every key starting with ``prefix``, in key order."""
-        rows = {r.key: r for r in self.table.scan(prefix)}
+        rows = {r.key: r for r in self.table.scan(prefix)} if self.table is not None else {}
         for rb in self._tails():
             keys = rb.column("key").to_pylist()
             for i, k in enumerate(keys):

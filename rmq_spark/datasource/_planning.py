@@ -102,9 +102,7 @@ def queue_state(client: Client, topics: Iterable[str], archive: bool = True) -> 
     """Every queue of ``topics``: hot offsets fresh from the group leaders, plus the
     committed files of the topic's archive when it is tiered."""
     topics = list(topics)
-    # A compact topic's ``tier`` names its compacted table, which is not an archive.
-    tiers = {t["name"]: t["tier"] for t in client.list_topics()
-             if t["cleanup_policy"] != "compact"} if topics else {}
+    tiers = {t["name"]: t["tier"] for t in client.list_topics()} if topics else {}
     snapshots: dict[str, ArchiveSnapshot | None] = {}
     out: State = {}
     for t in topics:

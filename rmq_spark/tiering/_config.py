@@ -48,6 +48,9 @@ def resolve_tier(client: Client, topic: str, archive: str | None = None,
     except NotFound:
         raise TierConfigError(f"topic {topic!r} does not exist (create it with "
                               "`rmq topic create`)") from None
+    if cfg["cleanup_policy"] == "compact":
+        raise TierConfigError(f"topic {topic!r} has cleanup policy compact: tiering archives delete "
+                              f"topics; a compact topic keeps its latest values with `rmq compact {topic}`")
     current = layout.parse_tier(cfg["tier"]) if cfg["tier"] else None
     if archive is None:
         if current is None:

@@ -84,55 +84,64 @@ def error_frame(code: grpc.StatusCode, message: str, request_id: int = 0) -> tup
 
 
 class FrameReader:
-    """Frames out of a byte stream fed in whatever pieces arrive.
+    """Frames out of a byte stream, parsed as the bytes arrive.
 
-    The buffer grows with the bytes fed, never with the length a head
-    announces, so a peer that announces a big frame and sends little costs
-    little memory; a head announcing more than ``max_frame`` raises
-    WireProtocolError (RESOURCE_EXHAUSTED) as soon as it is read.
+    A reader of a socket receives straight into the buffer the reader asks
+    for (``want``, then ``got``): the head into a 12-byte buffer, then the
+    body into a buffer of its own, which becomes the frame's ``body`` without
+    a copy. The body buffer grows with the bytes that arrive (doubling from
+    1 MiB), never with the length a head announces, so a peer that announces
+    a big frame and sends little costs little memory; a head announcing more
+    than ``max_frame`` raises WireProtocolError (RESOURCE_EXHAUSTED) as soon
+    as it is complete. ``feed`` does the same for bytes already received.
     """
 
     def __init__(self, max_frame: int = MAX_FRAME):
         self.max_frame = max_frame
-        self._buf = bytearray()
-
-    def feed(self, data) -> None:
-        self._buf += data
+        self._head = bytearray(FRAME.size)
+        self._have = 0                           # bytes of the head, then of the body
+        self._body: bytearray | None = None      # None while reading the head
+        self._length = self._request_id = self._code = 0
 
     @property
     def buffered(self) -> int:
-        """Bytes fed and not yet returned as frames."""
-        return len(self._buf)
+        """Bytes received of the frame not yet complete."""
+        return self._have + (FRAME.size if self._body is not None else 0)
 
-    def wanted(self) -> int:
-        """Bytes still missing for the next whole frame (at least 1)."""
-        buf = self._buf
-        if len(buf) < FRAME.size:
-            return FRAME.size - len(buf)
-        length = FRAME.unpack_from(buf)[0]
-        return max(1, FRAME.size + min(length, self.max_frame) - len(buf))
+    def want(self) -> memoryview:
+        """Where the next bytes go: a writable view of at least 1 byte."""
+        if self._body is None:
+            return memoryview(self._head)[self._have:]
+        if self._have == len(self._body):        # grow with what arrived, not with the length
+            self._body.extend(bytes(min(len(self._body), self._length - len(self._body))))
+        return memoryview(self._body)[self._have:]
 
-    def next_frame(self) -> Frame | None:
-        """The next whole frame, or None until more bytes are fed."""
-        buf = self._buf
-        if len(buf) < FRAME.size:
+    def got(self, n: int) -> Frame | None:
+        """``n`` bytes were written into the last ``want()`` view; the frame they complete, if any."""
+        self._have += n
+        if self._body is None:
+            if self._have < FRAME.size:
+                return None
+            self._length, self._request_id, self._code = FRAME.unpack(self._head)
+            if self._length > self.max_frame:
+                raise WireProtocolError(f"frame of {self._length} bytes; the limit is {self.max_frame}",
+                                        grpc.StatusCode.RESOURCE_EXHAUSTED)
+            self._body, self._have = bytearray(min(self._length, 1 << 20)), 0
+        if self._have < self._length:
             return None
-        length, request_id, code = FRAME.unpack_from(buf)
-        if length > self.max_frame:
-            raise WireProtocolError(f"frame of {length} bytes; the limit is {self.max_frame}",
-                                    grpc.StatusCode.RESOURCE_EXHAUSTED)
-        end = FRAME.size + length
-        if len(buf) < end:
-            return None
-        if len(buf) == end:            # the usual case: hand the buffer over, no copy
-            self._buf = bytearray()
-            del buf[:FRAME.size]       # O(1) for a bytearray's front
-            return Frame(request_id, code, buf)
-        body = buf[FRAME.size:end]
-        del buf[:end]
-        return Frame(request_id, code, body)
+        frame = Frame(self._request_id, self._code, self._body)
+        self._body, self._have = None, 0
+        return frame
 
-    def frames(self):
-        """Every whole frame fed so far."""
-        while (f := self.next_frame()) is not None:
-            yield f
+    def feed(self, data) -> list[Frame]:
+        """The frames that ``data`` (bytes already received) completes."""
+        out, mv, pos = [], memoryview(data), 0
+        while pos < len(mv):
+            view = self.want()
+            k = min(len(view), len(mv) - pos)
+            view[:k] = mv[pos:pos + k]
+            pos += k
+            frame = self.got(k)
+            if frame is not None:
+                out.append(frame)
+        return out

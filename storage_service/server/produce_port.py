@@ -123,16 +123,14 @@ class ProduceWireServer:
             conn.sendall(hello())
             frames = FrameReader(self.max_frame)
             while True:
-                frame = frames.next_frame()
-                if frame is None:
-                    data = conn.recv(min(frames.wanted(), 1 << 20))
-                    if not data:
-                        raise (WireProtocolError if frames.buffered else PeerClosed)(
-                            f"connection closed with {frames.buffered} bytes of a frame read")
-                    frames.feed(data)
-                    continue
-                code, reply = self._answer(frame.code, frame.body)
-                send_frame(conn, frame.request_id, code, reply)
+                n = conn.recv_into(frames.want())        # straight into the frame's buffer
+                if not n:
+                    raise (WireProtocolError if frames.buffered else PeerClosed)(
+                        f"connection closed with {frames.buffered} bytes of a frame read")
+                frame = frames.got(n)
+                if frame is not None:
+                    code, reply = self._answer(frame.code, frame.body)
+                    send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
         except WireProtocolError as e:

@@ -32,7 +32,7 @@ __all__ = ["MessageLogService", "Servers", "serve"]
 
 log = logging.getLogger(__name__)
 ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "delete_retention_ms",
-             "min_compaction_lag_ms", "queues")
+             "min_compaction_lag_ms", "compacted_table", "queues")
 DEFAULT_FETCH_BYTES = 1 << 20
 MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
@@ -73,6 +73,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                "delete_retention_ms": (c.delete_retention_ms if c.HasField("delete_retention_ms")
                                        else TOPIC_DEFAULTS["delete_retention_ms"]),
                "min_compaction_lag_ms": c.min_compaction_lag_ms}
+        if c.compacted_table:
+            cfg["compacted_table"] = c.compacted_table
         created = self.node.meta_command(CreateTopic(cfg, int(time.time() * 1000)))
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 

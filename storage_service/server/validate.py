@@ -47,6 +47,14 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
             raise invalid(f"{field}={getattr(c, field)}: must be >= 0 (0 = unlimited)")
     if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
         raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
+    if c.tier and c.cleanup_policy == "compact":
+        raise invalid(f"tier={c.tier!r}: topic {c.name!r} has cleanup policy compact; tiering archives "
+                      "delete topics (a compact topic's table is its compacted_table)")
+    if c.compacted_table and c.cleanup_policy != "compact":
+        raise invalid(f"compacted_table={c.compacted_table!r}: topic {c.name!r} has cleanup policy "
+                      f"{c.cleanup_policy or 'delete'}; only a compact topic has a compacted table")
+    if c.compacted_table and not re.match(r"^delta:(/|file:/)", c.compacted_table):
+        raise invalid(f"compacted_table={c.compacted_table!r}: use delta:PATH with an absolute PATH")
     if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
         raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
     if c.tier and not re.match(r"^(delta|parquet):(/|file:/)", c.tier):

@@ -14,13 +14,28 @@ import uuid
 from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetWatermark, UnknownCommand,
                        decode_command)
 
-__all__ = ["MetaState", "TOPIC_DEFAULTS", "queue_growth_error"]
+__all__ = ["MetaState", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
 
 TOPIC_DEFAULTS = {
     "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
     "cleanup_policy": "delete", "tier": "", "local_retention_ms": 0,
-    "delete_retention_ms": 86400_000, "min_compaction_lag_ms": 0,
+    "delete_retention_ms": 86400_000, "min_compaction_lag_ms": 0, "compacted_table": "",
 }
+
+
+def normalized(cfg: dict) -> dict:
+    """A topic config with every setting, in this version's fields.
+
+    Wave 1 kept a compact topic's table in ``tier`` (``rmq compact`` wrote it
+    there); it is ``compacted_table`` now, and ``tier`` is for delete topics
+    only. Applied to configs from snapshots and to every create and alter,
+    so each replica (and a replay of an old journal) converts alike.
+    """
+    full = {**TOPIC_DEFAULTS, **cfg}
+    if full["cleanup_policy"] == "compact" and full["tier"]:
+        full["compacted_table"] = full["compacted_table"] or full["tier"]
+        full["tier"] = ""
+    return full
 
 
 def queue_growth_error(name: str, have: int, want: int) -> str:
@@ -55,8 +70,7 @@ class MetaState:
         name = cfg["name"]
         if name in self.topics:
             return ("error", "ALREADY_EXISTS", f"topic {name!r} already exists")
-        full = dict(TOPIC_DEFAULTS)
-        full.update(cfg)
+        full = normalized(cfg)
         # Derived from the raft index so every replica computes the same id.
         full["incarnation"] = uuid.uuid5(uuid.NAMESPACE_OID, f"{name}@{raft_index}").hex[:12]
         full["created_ms"] = created_ms
@@ -71,7 +85,7 @@ class MetaState:
         if want is not None and want <= have:
             # Checked here too: two concurrent alters may both pass the servicer.
             return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
-        self.topics[name].update(changes)
+        self.topics[name] = normalized({**self.topics[name], **changes})
         return ("ok", self.topics[name])
 
     def _delete_topic(self, raft_index: int, cmd: DeleteTopic):
@@ -168,7 +182,7 @@ class MetaState:
         d = json.loads(data)
         with self.lock:
             # Defaults first: a topic snapshotted before a setting existed gets its default.
-            self.topics = {n: {**TOPIC_DEFAULTS, **t} for n, t in d["topics"].items()}
+            self.topics = {n: normalized(t) for n, t in d["topics"].items()}
             self.offsets, self.watermarks = d["offsets"], d["watermarks"]
             self.deleted = d.get("deleted", {})
             self.leases = d.get("leases", {})

@@ -1,0 +1,304 @@
+"""``rmq produce``: stdin lines to a topic, pipelined and idempotent.
+
+Lines become batches per queue on the client: keyed messages go to
+``crc32(key) % queues`` (the service's own rule), the rest fill one queue's
+batch and move on to the next (Kafka's sticky partitioner), ``--queue``
+pins them all. A batch leaves when it is full (``--batch`` messages or 1 MiB)
+or when its oldest line has waited ``--linger``, so a slow stream is stored
+line by line, not 500 lines late. Sender threads each own some queues and
+send one batch per queue at a time (``Client.produce_batches``; calls of the
+threads to one node share RPCs): order within a queue is kept, and every
+batch carries an idempotent producer id and sequence, so a retry after a
+lost reply is stored once.
+
+Bad input: a line that is not UTF-8 (or, with ``--json``, not a message) is
+named with its number. From a file, every line is checked before anything
+is sent; from a pipe, the lines before it may be stored already and nothing
+from it on is sent. ``--skip-bad`` skips such lines and counts them.
+
+Ctrl-C stops reading, sends what was read, says how many were acknowledged
+and exits 130.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import stat
+import sys
+import threading
+import time
+import zlib
+from typing import BinaryIO, Callable, Iterator
+
+from ..client import Client, RmqError
+from ._jsonlines import BadLine, message_from_json, message_from_text
+
+__all__ = ["Pipeline", "add_parser", "cmd_produce", "produce_lines", "read_lines"]
+
+CHUNK = 1 << 20
+MAX_BATCH_BYTES = 1 << 20
+
+
+class Interrupted(RmqError):
+    """Ctrl-C while producing: what was read went out; ``acked`` of ``read`` were acknowledged."""
+
+    def __init__(self, read: int, acked: int):
+        super().__init__(f"{acked} of {read} messages read were acknowledged")
+        self.read, self.acked = read, acked
+
+
+def read_lines(f: BinaryIO) -> Iterator[tuple[int, list[bytes]]]:
+    """(number of the first line, non-empty lines) for each chunk read: as soon as
+    the OS has data (``read1``), so a slow pipe's lines come out one by one."""
+    lineno, tail = 1, b""
+    read = getattr(f, "read1", f.read)
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            break
+        lines = (tail + chunk).split(b"\n")
+        tail = lines.pop()
+        yield lineno, lines
+        lineno += len(lines)
+    if tail:
+        yield lineno, [tail]
+
+
+def parse_chunk(first: int, lines: list[bytes], as_json: bool,
+                bad: Callable[[BadLine], None]) -> list:
+    """The messages of a chunk (bytes, or Message with --json); ``bad(error)`` for each
+    bad line, which raises to refuse or returns to skip it. Empty lines are skipped."""
+    if not as_json:
+        try:
+            b"\n".join(lines).decode()
+            return [ln for ln in lines if ln]
+        except UnicodeDecodeError:
+            pass                          # find the line, slowly: rare
+    out = []
+    for i, ln in enumerate(lines):
+        if not ln:
+            continue
+        try:
+            out.append(message_from_json(ln.decode(), first + i) if as_json
+                       else message_from_text(ln, first + i))
+        except UnicodeDecodeError as e:
+            bad(BadLine(first + i, f"not valid UTF-8 (byte {e.start})"))
+        except BadLine as e:
+            bad(e)
+    return out
+
+
+class Pipeline:
+    """Batches per queue, sent by threads that each own some queues (see module docstring)."""
+
+    def __init__(self, client: Client, topic: str, queues: int, fixed_queue: int | None = None,
+                 batch: int = 500, linger: float = 0.02, senders: int = 8):
+        self.client, self.topic, self.queues, self.fixed = client, topic, queues, fixed_queue
+        self.batch, self.linger = batch, linger
+        self.cond = threading.Condition()
+        self.pending = {q: [] for q in range(queues)}      # filling
+        self.pending_bytes = dict.fromkeys(range(queues), 0)
+        self.since = dict.fromkeys(range(queues), 0.0)     # when the filling batch's first line came
+        self.ready = {q: collections.deque() for q in range(queues)}   # full batches, in order
+        self.buffered = 0
+        self.max_buffered = max(4 * batch * min(queues, senders), 20_000)
+        self.acked = self.sent = 0
+        self.error: BaseException | None = None
+        self.closing = False
+        self._cursor = 0
+        n = 1 if fixed_queue is not None else min(queues, senders)
+        owned = [[q for q in range(queues) if q % n == i] for i in range(n)]
+        if fixed_queue is not None:
+            owned = [[fixed_queue]]
+        self.threads = [threading.Thread(target=self._send_loop, args=(qs,), daemon=True,
+                                         name=f"rmq-produce-{i}") for i, qs in enumerate(owned)]
+        for t in self.threads:
+            t.start()
+
+    # -------------------------------------------------------------- reader side
+    def add(self, msgs: list) -> None:
+        """Queue messages for sending; waits while too many are buffered."""
+        with self.cond:
+            while self.buffered >= self.max_buffered and self.error is None:
+                self.cond.wait(0.5)
+            if self.error is not None:
+                raise self.error
+            now = time.monotonic()
+            for m in msgs:
+                q = self._queue_of(m)
+                if not self.pending[q]:
+                    self.since[q] = now
+                self.pending[q].append(m)
+                self.pending_bytes[q] += len(m) if type(m) is bytes else len(m.value or b"") + len(m.key or b"")
+                if len(self.pending[q]) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
+                    self.ready[q].append(self.pending[q])
+                    self.pending[q], self.pending_bytes[q] = [], 0
+                    if self.fixed is None and q == self._cursor:
+                        self._cursor = (self._cursor + 1) % self.queues
+            self.buffered += len(msgs)
+            self.cond.notify_all()
+
+    def _queue_of(self, m) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if type(m) is not bytes and m.key is not None:
+            return zlib.crc32(m.key) % self.queues
+        return self._cursor
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Send what is buffered and wait for it; True if every batch was acknowledged."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self.threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self.error is None and not any(t.is_alive() for t in self.threads)
+
+    # -------------------------------------------------------------- sender side
+    def _take(self, queues: list[int]) -> list[tuple[int, list]] | None:
+        """One batch for each owned queue that has one due (lock held); None when done."""
+        while True:
+            now, wait, out = time.monotonic(), self.linger, []
+            for q in queues:
+                if self.ready[q]:
+                    out.append((q, self.ready[q].popleft()))
+                elif self.pending[q]:
+                    due = self.since[q] + self.linger - now
+                    if due <= 0 or self.closing:
+                        out.append((q, self.pending[q]))
+                        self.pending[q], self.pending_bytes[q] = [], 0
+                        if self.fixed is None and q == self._cursor:
+                            self._cursor = (self._cursor + 1) % self.queues
+                    else:
+                        wait = min(wait, due)
+            if out:
+                return out
+            if self.closing or self.error is not None:
+                return None
+            self.cond.wait(wait)
+
+    def _send_loop(self, queues: list[int]) -> None:
+        while True:
+            with self.cond:
+                batches = self._take(queues)
+            if batches is None:
+                return
+            n = sum(len(b) for _, b in batches)
+            try:
+                self.client.produce_batches([(self.topic, q, b) for q, b in batches])
+            except BaseException as e:          # the run stops: nothing after this is sent
+                with self.cond:
+                    self.error = self.error or e
+                    self.cond.notify_all()
+                return
+            with self.cond:
+                self.acked += n
+                self.buffered -= n
+                self.cond.notify_all()
+
+
+def _is_file(f: BinaryIO) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_file(f: BinaryIO, as_json: bool) -> None:
+    """Refuse a file with a bad line before anything of it is sent (BadLine), then rewind."""
+    def refuse(e: BadLine) -> None:
+        raise e
+    for first, lines in read_lines(f):
+        parse_chunk(first, lines, as_json, refuse)
+    f.seek(0)
+
+
+def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_queue: int | None,
+                  batch: int, linger: float, skip_bad: bool,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[Pipeline, int, list[BadLine]]:
+    """Send every line of ``f``; (pipeline, lines read, bad lines skipped). Raises BadLine
+    (when not skipping), the send error, or Interrupted (Ctrl-C, after sending what was read)."""
+    queues = client.describe_topic(topic)["queues"]
+    if fixed_queue is not None and not 0 <= fixed_queue < queues:
+        raise ValueError(f"--queue {fixed_queue}: topic {topic!r} has queues 0..{queues - 1}")
+    if not skip_bad and _is_file(f):
+        check_file(f, as_json)
+    skipped: list[BadLine] = []
+
+    def bad(e: BadLine) -> None:
+        if not skip_bad:
+            raise e
+        skipped.append(e)
+
+    pipe = Pipeline(client, topic, queues, fixed_queue, batch, linger)
+    read = 0
+    try:
+        for first, lines in read_lines(f):
+            msgs = parse_chunk(first, lines, as_json, bad)
+            pipe.add(msgs)
+            read += len(msgs)
+            if progress:
+                progress(read, pipe.acked)
+    except KeyboardInterrupt:
+        pipe.close(timeout=30)           # what was read goes out
+        raise Interrupted(read, pipe.acked) from None
+    except BaseException:
+        pipe.close(timeout=30)           # what was read goes out (a bad line from a pipe)
+        raise
+    if not pipe.close():
+        raise pipe.error or RuntimeError("produce did not finish")
+    return pipe, read, skipped
+
+
+def stdin_binary() -> BinaryIO:
+    return sys.stdin.buffer
+
+
+# ------------------------------------------------------------------ the command
+def add_parser(sub) -> None:
+    pr = sub.add_parser("produce", help="one message per stdin line (pipelined, idempotent)")
+    pr.add_argument("topic")
+    pr.add_argument("--json", action="store_true",
+                    help='lines are JSON objects {"value", "key", "tags", "properties", "born_timestamp"}; '
+                         'value null is a tombstone, {"base64": ...} binary, other JSON its text')
+    pr.add_argument("--queue", type=int, default=None,
+                    help="target queue (default: by key hash, unkeyed lines fill one queue after another)")
+    pr.add_argument("--batch", type=int, default=500, help="messages per batch and queue (default 500)")
+    pr.add_argument("--linger", default="20ms",
+                    help="send a batch that is not full once its first line waited this long (default 20ms)")
+    pr.add_argument("--skip-bad", action="store_true",
+                    help="skip lines that are not UTF-8 (or not a JSON message) and count them, "
+                         "instead of refusing the input")
+
+
+def cmd_produce(client: Client, a) -> int:
+    from ..units import parse_duration_ms
+
+    if a.batch < 1:
+        raise ValueError(f"--batch {a.batch}: give at least 1")
+    linger = parse_duration_ms(a.linger) / 1000
+    started, last = time.monotonic(), [time.monotonic()]
+
+    def progress(read: int, acked: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 1.0:
+            last[0] = now
+            print(f"\rproduced {acked} messages ({acked / (now - started):,.0f} msg/s)", end="",
+                  file=sys.stderr, flush=True)
+
+    try:
+        pipe, _, skipped = produce_lines(client, a.topic, stdin_binary(), a.json, a.queue, a.batch,
+                                         linger, a.skip_bad, progress)
+    except BadLine as e:
+        print(f"\nrmq produce: {e}; nothing from that line on was sent", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        print(f"\nrmq produce: interrupted; {e}", file=sys.stderr)
+        return 130
+    if last[0] != started:
+        print(file=sys.stderr)
+    if skipped:
+        print(f"rmq produce: skipped {len(skipped)} bad lines (first: {skipped[0]})", file=sys.stderr)
+    print(f"produced {pipe.acked} messages to {a.topic}")
+    return 0

@@ -1,0 +1,50 @@
+"""Topic configs in the metadata state: defaults, wave-1 compact topics, validation of tier/compacted_table."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from storage_service.proto import rmq_pb2
+from storage_service.server.errors import ServiceError
+from storage_service.server.validate import check_config
+from storage_service.statemachine.commands import AlterTopic, CreateTopic
+from storage_service.statemachine.meta import MetaState, normalized
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_wave1_compact_topic_with_its_table_in_tier_gets_it_as_compacted_table():
+    wave1 = {"name": "kv", "queues": 2, "cleanup_policy": "compact", "tier": "delta:/data/kv"}
+    cfg = normalized(wave1)
+    assert cfg["compacted_table"] == "delta:/data/kv" and cfg["tier"] == ""
+    # ... also when it comes back from a snapshot, or from a replayed alter of wave 1
+    m = MetaState()
+    m.restore(json.dumps({"topics": {"kv": wave1}, "offsets": {}, "watermarks": {}}).encode(), 1, None)
+    assert m.topic("kv")["compacted_table"] == "delta:/data/kv" and m.topic("kv")["tier"] == ""
+    m2 = MetaState()
+    m2.apply(1, CreateTopic({"name": "kv", "queues": 1, "cleanup_policy": "compact"}, 0).encode())
+    m2.apply(2, AlterTopic("kv", {"tier": "delta:/data/kv2"}).encode())
+    assert (m2.topic("kv")["compacted_table"], m2.topic("kv")["tier"]) == ("delta:/data/kv2", "")
+
+
+def test_a_delete_topic_keeps_its_tier():
+    cfg = normalized({"name": "ev", "queues": 1, "tier": "delta:/a"})
+    assert cfg["tier"] == "delta:/a" and cfg["compacted_table"] == ""
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(cleanup_policy="compact", tier="delta:/a"), "tier='delta:/a': topic 't' has cleanup policy compact"),
+    (dict(cleanup_policy="delete", compacted_table="delta:/a"),
+     "compacted_table='delta:/a': topic 't' has cleanup policy delete; only a compact topic"),
+    (dict(cleanup_policy="compact", compacted_table="parquet:/a"), "use delta:PATH with an absolute PATH"),
+    (dict(cleanup_policy="compact", compacted_table="delta:rel/a"), "use delta:PATH with an absolute PATH"),
+])
+def test_tier_and_compacted_table_are_refused_where_they_do_not_belong(fields, message):
+    with pytest.raises(ServiceError, match=message):
+        check_config(rmq_pb2.TopicConfig(name="t", queues=1, **fields))
+
+
+def test_valid_configs_pass():
+    check_config(rmq_pb2.TopicConfig(name="t", queues=1, cleanup_policy="compact", compacted_table="delta:/a"))
+    check_config(rmq_pb2.TopicConfig(name="t", queues=1, tier="parquet:/a"))
