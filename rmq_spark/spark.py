@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import sys
+import tempfile
 from contextlib import contextmanager
 
 __all__ = ["JARS_DIR", "delta_jars", "session_builder", "session_conf", "worker_python"]
@@ -44,6 +45,9 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
     os.environ["PYSPARK_PYTHON"] = worker_python()
     b = (SparkSession.builder.appName(app_name)
          .config("spark.pyspark.python", worker_python())
+         # Our jobs keep no managed tables: Spark's default warehouse would be a
+         # spark-warehouse/ folder left in whatever directory a job ran from.
+         .config("spark.sql.warehouse.dir", os.path.join(tempfile.gettempdir(), "rmq-spark-warehouse"))
          .config("spark.driver.host", "127.0.0.1")
          .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.jars", ",".join(delta_jars()))
