@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 
@@ -194,12 +195,15 @@ def plot_live_keys(series, path: str | None = None):
 class Sandbox:
     """A local 3-node cluster with a tiered topic whose older part lives only in the archive.
 
-    ``RMQ_ENDPOINTS`` set: use that cluster instead of starting one.
+    ``RMQ_ENDPOINTS`` set: use that cluster instead of starting one; the topic
+    then gets a random suffix, so a notebook never writes into a topic of the
+    README's tour (or of an earlier run) on the same cluster.
     """
 
-    def __init__(self, topic: str = "clicks", archive_format: str = "delta",
+    def __init__(self, topic: str = "nb-clicks", archive_format: str = "delta",
                  data_dir: str | None = None):
-        self.topic = topic
+        shared = bool(os.environ.get("RMQ_ENDPOINTS"))
+        self.topic = f"{topic}-{uuid.uuid4().hex[:6]}" if shared else topic
         self.format = archive_format
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="rmq-notebook-")
         self.dir = data_dir or self._tmp.name
