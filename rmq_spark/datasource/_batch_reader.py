@@ -13,7 +13,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from rmq_spark.client import Client
 
-from . import _planning
+from . import _archive_hot, _planning
 from ._options import ReadOptions
 from ._planning import QueueRange
 from ._read import read_partition
@@ -54,7 +54,7 @@ class BatchReader(DataSourceReader):
                                        f"were removed by retention (the queue now starts "
                                        f"at {o.earliest})")
             s = min(o.earliest, e)
-        return _planning.plan(self.opts, topic, o, s, e)
+        return _archive_hot.plan(self.opts, topic, o, s, e)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.opts, partition)

@@ -15,18 +15,17 @@ from pyspark.sql.datasource import InputPartition
 
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import ArchiveSnapshot, QueueFiles, load_snapshot, offset_for_timestamp
-from rmq_spark.client import Client
+from rmq_spark.client import Client, QueueOffsets
 
 from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
 
 __all__ = ["QueueRange", "ArchiveRange", "QueueView", "subscribed_topics", "subscribed_state",
-           "queue_state", "resolve", "plan", "split_ranges", "cap_by_backlog", "report_data_loss",
+           "queue_state", "resolve", "split_ranges", "cap_by_backlog", "report_data_loss",
            "State"]
 
 log = logging.getLogger(__name__)
-ARCHIVE_TASK_ROWS = 2_000_000     # archive rows per Spark task, at file boundaries
 
 
 @dataclass(frozen=True)
@@ -164,47 +163,6 @@ def _position(client: Client, bound: Bound, default: str, topic: str, o: QueueOf
         if found is not None and found < max(o.archive.end, o.hot_earliest):
             return found
     return client.offset_for_timestamp(topic, o.queue, ts)
-
-
-def plan(opts: ReadOptions, topic: str, view: QueueView, start: int,
-         end: int) -> tuple[list[ArchiveRange], QueueRange | None]:
-    """Split [start, end) of one queue (start >= view.earliest) into archive and hot parts.
-
-    Offsets the archive holds are read from it (its files are plain Parquet:
-    cheaper than fetching, and they do not move under the reader the way the
-    hot log's earliest does under retention); the rest come from the service.
-    A hole between the archive's end and the hot log's earliest is data loss.
-    """
-    archived: list[ArchiveRange] = []
-    arch = view.archive
-    if arch is not None and start < arch.end and end > start:
-        hi = min(end, arch.end)
-        archived = _archive_tasks(topic, view, max(start, arch.earliest), hi)
-        start = hi
-    if start >= end:
-        return archived, None
-    if start < view.hot_earliest:
-        resume = min(view.hot_earliest, end)
-        report_data_loss(opts, topic, view.queue, start, resume,
-                         f"are neither in the archive (it ends at "
-                         f"{arch.end if arch else 'none'}) nor in the hot log (it starts at "
-                         f"{view.hot_earliest})")
-        start = resume
-    return archived, (QueueRange(topic, view.queue, start, end) if end > start else None)
-
-
-def _archive_tasks(topic: str, view: QueueView, lo: int, hi: int) -> list[ArchiveRange]:
-    files = view.archive.covering(lo, hi)
-    cuts, rows = [lo], 0
-    for f in files:
-        if rows >= ARCHIVE_TASK_ROWS and lo < f.min_offset < hi and f.min_offset > cuts[-1]:
-            cuts.append(f.min_offset)
-            rows = 0
-        rows += f.rows
-    cuts.append(hi)
-    return [ArchiveRange(topic, view.queue, a, b, view.tier,
-                         tuple(f.path for f in view.archive.covering(a, b)))
-            for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[QueueRange]:

@@ -20,7 +20,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 
 from rmq_spark.client import Client
 
-from . import _offsets, _planning
+from . import _archive_hot, _offsets, _planning
 from ._options import ReadOptions
 from ._planning import QueueRange
 from ._read import read_partition
@@ -150,7 +150,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if o is None:
                     hot.append(QueueRange(t, q, s, e))
                     continue
-                a, h = _planning.plan(self.opts, t, o, s, e)
+                a, h = _archive_hot.plan(self.opts, t, o, s, e)
                 archived += a
                 hot += [h] if h is not None else []
         return archived + _planning.split_ranges(hot, self.opts.min_partitions)

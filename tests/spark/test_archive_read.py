@@ -17,7 +17,7 @@ from rmq_spark.archive import layout
 from rmq_spark.archive.errors import ArchiveError
 from rmq_spark.archive.reader import load_snapshot
 from rmq_spark.client import Message
-from rmq_spark.datasource import _planning
+from rmq_spark.datasource import _archive_hot, _planning
 from rmq_spark.datasource._options import ReadOptions
 
 from tests.conftest import wait_until
@@ -132,7 +132,7 @@ def test_archive_is_planned_by_statistics(spark, client, endpoints, tiered):
         assert qf.earliest == 0 and qf.end >= hot[q].earliest
     # A range inside the archive of one queue is planned on that queue's files only.
     state = _planning.queue_state(client, [topic])
-    archived, hot_part = _planning.plan(ReadOptions(endpoints, topics=(topic,)), topic,
+    archived, hot_part = _archive_hot.plan(ReadOptions(endpoints, topics=(topic,)), topic,
                                         state[topic][0], 10, 20)
     assert hot_part is None and [(a.start, a.end) for a in archived] == [(10, 20)]
     by_path = {f.path: f for f in snap.files}
