@@ -66,9 +66,11 @@ class _Merge:
         while not self.buf[q] and (self.ends is None or self.pos[q] < self.ends[q]):
             recs, nxt = self.fetch(q, self.pos[q])
             progressed = nxt > self.pos[q]
-            self.pos[q] = nxt
             if self.ends is not None:
+                # records past the end are left for --follow, which starts at pos
                 recs = [r for r in recs if r.offset < self.ends[q]]
+                nxt = min(nxt, self.ends[q])
+            self.pos[q] = nxt
             self.buf[q] = recs[::-1]
             if not progressed or self.ends is None:
                 break

@@ -21,8 +21,11 @@ and exits 130.
 """
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import os
+import signal
 import stat
 import sys
 import threading
@@ -37,6 +40,7 @@ __all__ = ["Pipeline", "add_parser", "cmd_produce", "produce_lines", "read_lines
 
 CHUNK = 1 << 20
 MAX_BATCH_BYTES = 1 << 20
+MAX_BUFFERED_BYTES = 64 << 20        # read ahead of acknowledgements at most this much
 
 
 class Interrupted(RmqError):
@@ -58,16 +62,19 @@ def read_lines(f: BinaryIO) -> Iterator[tuple[int, list[bytes]]]:
             break
         lines = (tail + chunk).split(b"\n")
         tail = lines.pop()
+        if b"\r" in chunk:       # CRLF line ends, as Kafka's console producer reads them
+            lines = [ln[:-1] if ln.endswith(b"\r") else ln for ln in lines]
         yield lineno, lines
         lineno += len(lines)
     if tail:
-        yield lineno, [tail]
+        yield lineno, [tail[:-1] if tail.endswith(b"\r") else tail]
 
 
 def parse_chunk(first: int, lines: list[bytes], as_json: bool,
                 bad: Callable[[BadLine], None]) -> list:
     """The messages of a chunk (bytes, or Message with --json); ``bad(error)`` for each
-    bad line, which raises to refuse or returns to skip it. Empty lines are skipped."""
+    bad line, which raises to refuse or returns to skip it (a refusal carries the
+    chunk's messages before the line as ``good``). Empty lines are skipped."""
     if not as_json:
         try:
             b"\n".join(lines).decode()
@@ -81,11 +88,20 @@ def parse_chunk(first: int, lines: list[bytes], as_json: bool,
         try:
             out.append(message_from_json(ln.decode(), first + i) if as_json
                        else message_from_text(ln, first + i))
-        except UnicodeDecodeError as e:
-            bad(BadLine(first + i, f"not valid UTF-8 (byte {e.start})"))
-        except BadLine as e:
-            bad(e)
+        except (UnicodeDecodeError, BadLine) as e:
+            if isinstance(e, UnicodeDecodeError):
+                e = BadLine(first + i, f"not valid UTF-8 (byte {e.start})")
+            try:
+                bad(e)
+            except BadLine as stop:
+                stop.good = out
+                raise
     return out
+
+
+def _size(m) -> int:
+    """Bytes of a message's key and value (a plain line is its value)."""
+    return len(m) if type(m) is bytes else len(m.value or b"") + len(m.key or b"")
 
 
 class Pipeline:
@@ -100,7 +116,7 @@ class Pipeline:
         self.pending_bytes = dict.fromkeys(range(queues), 0)
         self.since = dict.fromkeys(range(queues), 0.0)     # when the filling batch's first line came
         self.ready = {q: collections.deque() for q in range(queues)}   # full batches, in order
-        self.buffered = 0
+        self.buffered = self.buffered_bytes = 0
         self.max_buffered = max(4 * batch * min(queues, senders), 20_000)
         self.acked = self.sent = 0
         self.error: BaseException | None = None
@@ -119,17 +135,22 @@ class Pipeline:
     def add(self, msgs: list) -> None:
         """Queue messages for sending; waits while too many are buffered."""
         with self.cond:
-            while self.buffered >= self.max_buffered and self.error is None:
+            while ((self.buffered >= self.max_buffered or self.buffered_bytes >= MAX_BUFFERED_BYTES)
+                   and self.error is None):
                 self.cond.wait(0.5)
             if self.error is not None:
                 raise self.error
             now = time.monotonic()
-            for m in msgs:
+            if msgs and type(msgs[0]) is bytes:
+                self._add_lines(msgs, now)
+            for m in msgs if msgs and type(msgs[0]) is not bytes else ():
                 q = self._queue_of(m)
                 if not self.pending[q]:
                     self.since[q] = now
+                size = _size(m)
                 self.pending[q].append(m)
-                self.pending_bytes[q] += len(m) if type(m) is bytes else len(m.value or b"") + len(m.key or b"")
+                self.pending_bytes[q] += size
+                self.buffered_bytes += size
                 if len(self.pending[q]) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
                     self.ready[q].append(self.pending[q])
                     self.pending[q], self.pending_bytes[q] = [], 0
@@ -137,6 +158,29 @@ class Pipeline:
                         self._cursor = (self._cursor + 1) % self.queues
             self.buffered += len(msgs)
             self.cond.notify_all()
+
+    def _add_lines(self, lines: list[bytes], now: float) -> None:
+        """``add`` for plain lines (no keys): whole slices into the current queue's batch,
+        without Python work per line (lock held)."""
+        i = 0
+        while i < len(lines):
+            q = self.fixed if self.fixed is not None else self._cursor
+            pending = self.pending[q]
+            if not pending:
+                self.since[q] = now
+            take = lines[i:i + self.batch - len(pending)]
+            sizes = list(itertools.accumulate(map(len, take), initial=self.pending_bytes[q]))
+            if sizes[-1] >= MAX_BATCH_BYTES:        # cut where the batch reaches its byte limit
+                take = take[:max(1, bisect.bisect_left(sizes, MAX_BATCH_BYTES))]
+            pending += take
+            self.pending_bytes[q] = sizes[len(take)]
+            self.buffered_bytes += sizes[len(take)] - sizes[0]
+            i += len(take)
+            if len(pending) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
+                self.ready[q].append(pending)
+                self.pending[q], self.pending_bytes[q] = [], 0
+                if self.fixed is None:
+                    self._cursor = (self._cursor + 1) % self.queues
 
     def _queue_of(self, m) -> int:
         if self.fixed is not None:
@@ -159,7 +203,9 @@ class Pipeline:
     def _take(self, queues: list[int]) -> list[tuple[int, list]] | None:
         """One batch for each owned queue that has one due (lock held); None when done."""
         while True:
-            now, wait, out = time.monotonic(), self.linger, []
+            if self.error is not None:           # the run stops: nothing more is sent
+                return None
+            now, wait, out = time.monotonic(), None, []
             for q in queues:
                 if self.ready[q]:
                     out.append((q, self.ready[q].popleft()))
@@ -171,10 +217,10 @@ class Pipeline:
                         if self.fixed is None and q == self._cursor:
                             self._cursor = (self._cursor + 1) % self.queues
                     else:
-                        wait = min(wait, due)
+                        wait = due if wait is None else min(wait, due)
             if out:
                 return out
-            if self.closing or self.error is not None:
+            if self.closing:
                 return None
             self.cond.wait(wait)
 
@@ -185,6 +231,7 @@ class Pipeline:
             if batches is None:
                 return
             n = sum(len(b) for _, b in batches)
+            size = sum(_size(m) for _, b in batches for m in b)
             try:
                 self.client.produce_batches([(self.topic, q, b) for q, b in batches])
             except BaseException as e:          # the run stops: nothing after this is sent
@@ -195,6 +242,7 @@ class Pipeline:
             with self.cond:
                 self.acked += n
                 self.buffered -= n
+                self.buffered_bytes -= size
                 self.cond.notify_all()
 
 
@@ -206,12 +254,48 @@ def _is_file(f: BinaryIO) -> bool:
 
 
 def check_file(f: BinaryIO, as_json: bool) -> None:
-    """Refuse a file with a bad line before anything of it is sent (BadLine), then rewind."""
+    """Refuse a file with a bad line before anything of it is sent (BadLine), then go
+    back to where it was (stdin may start inside a file)."""
     def refuse(e: BadLine) -> None:
         raise e
+    start = f.tell()
     for first, lines in read_lines(f):
         parse_chunk(first, lines, as_json, refuse)
-    f.seek(0)
+    f.seek(start)
+
+
+class _CtrlC:
+    """SIGINT for the reading thread: at once while it reads (the read is cut short), held
+    while it hands messages to the pipeline or drains it, so no batch is half moved;
+    a second Ctrl-C is not held."""
+
+    def __init__(self):
+        self.busy, self.hits, self._old = False, 0, None
+
+    def __call__(self, signum, frame) -> None:
+        self.hits += 1
+        if not self.busy or self.hits > 1:
+            raise KeyboardInterrupt
+
+    def install(self) -> "_CtrlC":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self)
+        return self
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def guarded(self, fn, *args):
+        self.busy = True
+        try:
+            return fn(*args)
+        finally:
+            self.busy = False
+
+    def check(self) -> None:
+        if self.hits:
+            raise KeyboardInterrupt
 
 
 def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_queue: int | None,
@@ -232,21 +316,33 @@ def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_
         skipped.append(e)
 
     pipe = Pipeline(client, topic, queues, fixed_queue, batch, linger)
-    read = 0
+    ctrl_c, read = _CtrlC().install(), 0
     try:
         for first, lines in read_lines(f):
-            msgs = parse_chunk(first, lines, as_json, bad)
-            pipe.add(msgs)
+            try:
+                msgs = parse_chunk(first, lines, as_json, bad)
+            except BadLine as e:          # from a pipe: the lines before it go out
+                ctrl_c.guarded(pipe.add, e.good)
+                read += len(e.good)
+                ctrl_c.guarded(pipe.close, 30)
+                e.acked = pipe.acked
+                raise
+            ctrl_c.guarded(pipe.add, msgs)
             read += len(msgs)
+            ctrl_c.check()
             if progress:
                 progress(read, pipe.acked)
+        done = ctrl_c.guarded(pipe.close)
+        ctrl_c.check()
     except KeyboardInterrupt:
-        pipe.close(timeout=30)           # what was read goes out
+        ctrl_c.guarded(pipe.close, 30)   # what was read goes out
         raise Interrupted(read, pipe.acked) from None
     except BaseException:
-        pipe.close(timeout=30)           # what was read goes out (a bad line from a pipe)
+        pipe.close(timeout=30)           # a send error: stop
         raise
-    if not pipe.close():
+    finally:
+        ctrl_c.restore()
+    if not done:
         raise pipe.error or RuntimeError("produce did not finish")
     return pipe, read, skipped
 
@@ -291,7 +387,10 @@ def cmd_produce(client: Client, a) -> int:
         pipe, _, skipped = produce_lines(client, a.topic, stdin_binary(), a.json, a.queue, a.batch,
                                          linger, a.skip_bad, progress)
     except BadLine as e:
-        print(f"\nrmq produce: {e}; nothing from that line on was sent", file=sys.stderr)
+        acked = getattr(e, "acked", None)
+        sent = ("nothing of the input was sent" if acked is None else
+                f"the {acked} messages before it were stored, nothing from that line on")
+        print(f"\nrmq produce: {e}; {sent}", file=sys.stderr)
         return 2
     except Interrupted as e:
         print(f"\nrmq produce: interrupted; {e}", file=sys.stderr)

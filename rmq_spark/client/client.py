@@ -140,15 +140,17 @@ class Client:
                     return self._invoke(addr, method, request, left)
                 except RmqError as e:
                     err = e
+                if not err.retriable:
+                    raise err          # the node answered: its route stays
                 leader = self._routes.learn(group, err, addr)
                 if leader and leader != addr and not address:
                     try:
                         return self._invoke(leader, method, request, max(0.01, clock.left(per_attempt)))
                     except RmqError as e:
                         err = e
+                    if not err.retriable:
+                        raise err
                     self._routes.learn(group, err, leader)
-                if not err.retriable:
-                    raise err
                 last = err
             clock.pause(last or Unavailable(f"{method}: no node answered within the deadline"))
 

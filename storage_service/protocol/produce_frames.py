@@ -137,9 +137,9 @@ class FrameReader:
         """The frames that ``data`` (bytes already received) completes."""
         out, mv, pos = [], memoryview(data), 0
         while pos < len(mv):
-            view = self.want()
-            k = min(len(view), len(mv) - pos)
-            view[:k] = mv[pos:pos + k]
+            with self.want() as view:        # released before the next want() grows the body
+                k = min(len(view), len(mv) - pos)
+                view[:k] = mv[pos:pos + k]
             pos += k
             frame = self.got(k)
             if frame is not None:

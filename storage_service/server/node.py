@@ -59,6 +59,14 @@ class StorageNode:
         """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
         self._dir_lock = DirectoryLock(config.data_dir).acquire()
+        try:
+            self._start()
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    def _start(self) -> None:
+        config = self.config
         self.started = time.time()
         self._raft_to_grpc = {raft_address(a, g): a
                               for a in config.addresses for g in range(config.groups + 1)}

@@ -144,5 +144,5 @@ def decode_command(raw) -> DataCommand | MetaCommand:
     try:
         decode = getattr(cls, "_decode", None)
         return decode(raw) if decode else cls(*raw[1:])
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise UnknownCommand(f"command {raw[0]!r} of the wrong shape: {e}") from None

@@ -85,7 +85,12 @@ class MetaState:
         if want is not None and want <= have:
             # Checked here too: two concurrent alters may both pass the servicer.
             return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
-        self.topics[name] = normalized({**self.topics[name], **changes})
+        cfg = {**self.topics[name], **changes}
+        if cfg["cleanup_policy"] == "compact" and "tier" in changes:
+            # Wave 1 kept a compact topic's table in tier: an alter of it (replayed
+            # from an old journal) sets the table, last one wins, as in a snapshot.
+            cfg["compacted_table"] = changes["tier"]
+        self.topics[name] = normalized(cfg)
         return ("ok", self.topics[name])
 
     def _delete_topic(self, raft_index: int, cmd: DeleteTopic):

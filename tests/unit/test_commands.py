@@ -61,3 +61,8 @@ def test_state_machines_answer_unknown_and_foreign_commands_without_raising(tmp_
     assert meta.apply(2, ("nope", 1)) == ("error", "INVALID_ARGUMENT", "unknown command 'nope'")
     assert meta.topics == {} and data.queues == {}
     data.close()
+
+
+def test_a_truncated_entry_is_an_unknown_command_not_a_crash():
+    with pytest.raises(UnknownCommand, match="command 'produce' of the wrong shape"):
+        decode_command(("produce",))

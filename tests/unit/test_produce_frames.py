@@ -71,3 +71,12 @@ def test_an_oversized_head_is_refused_before_its_body_arrives():
     with pytest.raises(WireProtocolError, match="frame of 1001 bytes; the limit is 1000") as e:
         r.feed(struct.pack("<III", 1001, 4, 1))
     assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+@pytest.mark.parametrize("piece", [64 << 10, 5 << 20])
+def test_a_body_bigger_than_the_first_buffer_is_fed_whole(piece):
+    body = bytes(range(256)) * (12 << 10)              # 3 MiB: the body buffer grows twice
+    data, r, got = _frame(9, 0, body) + _frame(10, 0, b"next"), FrameReader(), []
+    for i in range(0, len(data), piece):
+        got += r.feed(data[i:i + piece])
+    assert [(f.request_id, bytes(f.body)) for f in got] == [(9, body), (10, b"next")]

@@ -48,3 +48,17 @@ def test_tier_and_compacted_table_are_refused_where_they_do_not_belong(fields, m
 def test_valid_configs_pass():
     check_config(rmq_pb2.TopicConfig(name="t", queues=1, cleanup_policy="compact", compacted_table="delta:/a"))
     check_config(rmq_pb2.TopicConfig(name="t", queues=1, tier="parquet:/a"))
+
+
+def test_replayed_wave1_alters_of_a_compact_topics_tier_agree_with_the_snapshot():
+    """Replicas that replay a wave-1 journal and replicas that restore a later snapshot agree."""
+    replay = MetaState()
+    replay.apply(1, CreateTopic({"name": "kv", "queues": 1, "cleanup_policy": "compact"}, 0).encode())
+    replay.apply(2, AlterTopic("kv", {"tier": "delta:/A"}).encode())
+    replay.apply(3, AlterTopic("kv", {"tier": "delta:/B"}).encode())
+    wave1 = {"name": "kv", "queues": 1, "cleanup_policy": "compact", "tier": "delta:/B"}
+    restored = MetaState()
+    restored.restore(json.dumps({"topics": {"kv": wave1}, "offsets": {}, "watermarks": {}}).encode(), 3, None)
+    assert replay.topic("kv")["compacted_table"] == restored.topic("kv")["compacted_table"] == "delta:/B"
+    replay.apply(4, AlterTopic("kv", {"tier": ""}).encode())        # wave 1 clearing it
+    assert (replay.topic("kv")["compacted_table"], replay.topic("kv")["tier"]) == ("", "")
