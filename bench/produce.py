@@ -332,7 +332,8 @@ def measure_cli(cluster, root: str, seconds: float, pids: list[int]) -> Row:
     meter = CpuMeter(pids)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     meter.start()
-    with open(path, "rb") as f, progress("rmq produce (CLI)", lambda: 0, "lines"):
+    log.info("  rmq produce (CLI): %s lines of %s from a file", f"{lines:,}", size_name())
+    with open(path, "rb") as f:
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", cluster.endpoints,
                               "produce", "bench-cli"], stdin=f, capture_output=True, text=True, timeout=600)
