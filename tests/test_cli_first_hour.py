@@ -226,6 +226,9 @@ def test_a_wrong_endpoint_fails_fast_naming_it():
 def test_help_is_plain_text_and_cluster_status_names_the_metadata_group(cluster):
     out = subprocess.run([RMQ, "--help"], capture_output=True, text=True).stdout
     assert "``" not in out and "RMQ_ENDPOINTS" in out
+    for cmd in (["rmq-storage", "--help"], ["rmq", "produce", "--help"], ["rmq", "topic", "--help"]):
+        out = subprocess.run([os.path.join(BIN, cmd[0]), *cmd[1:]], capture_output=True, text=True).stdout
+        assert out and "``" not in out, cmd
     st = json.loads(rmq(cluster, "cluster", "status", "--json").stdout)
     assert st["metadata_group"] == 0 and st["data_groups"] == cluster.groups
     roles = {g["group"]: g["role"] for g in st["nodes"][0]["groups"]}

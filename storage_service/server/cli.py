@@ -1,4 +1,4 @@
-"""``rmq-storage``: run one storage node, or a whole local cluster."""
+"""rmq-storage: run one storage node, or a whole local cluster."""
 from __future__ import annotations
 
 import argparse
