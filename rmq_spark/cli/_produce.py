@@ -118,14 +118,13 @@ class Pipeline:
         self.ready = {q: collections.deque() for q in range(queues)}   # full batches, in order
         self.buffered = self.buffered_bytes = 0
         self.max_buffered = max(4 * batch * min(queues, senders), 20_000)
-        self.acked = self.sent = 0
+        self.acked = 0
         self.error: BaseException | None = None
         self.closing = False
         self._cursor = 0
-        n = 1 if fixed_queue is not None else min(queues, senders)
-        owned = [[q for q in range(queues) if q % n == i] for i in range(n)]
-        if fixed_queue is not None:
-            owned = [[fixed_queue]]
+        n = min(queues, senders)
+        owned = ([[fixed_queue]] if fixed_queue is not None else
+                 [[q for q in range(queues) if q % n == i] for i in range(n)])
         self.threads = [threading.Thread(target=self._send_loop, args=(qs,), daemon=True,
                                          name=f"rmq-produce-{i}") for i, qs in enumerate(owned)]
         for t in self.threads:
