@@ -117,6 +117,10 @@ def test_compact_topics_have_their_own_table_field_and_refuse_tiering(cluster, c
     p = rmq(cluster, "tier", "fh-kv", "--archive", "/tmp/fh-kv-archive", check=False)
     assert p.returncode == 2 and "cleanup policy compact" in p.stderr and "rmq compact fh-kv" in p.stderr
     assert time.monotonic() - started < 15                # refused before Spark starts
+    rmq(cluster, "topic", "create", "fh-del", "--queues", "1")
+    p = rmq(cluster, "tier", "fh-del", "--archive", "/tmp/fh-del-archive", "--vacuum-retain", "forever", check=False)
+    assert p.returncode == 2 and "--vacuum-retain forever: give a period" in p.stderr
+    assert client.describe_topic("fh-del")["tier"] == ""                 # nothing recorded
     bad = rmq(cluster, "topic", "alter", "fh-kv", "--tier", "delta:/tmp/x", check=False)
     assert bad.returncode != 0 and "has cleanup policy compact" in bad.stderr
     rmq(cluster, "topic", "alter", "fh-kv", "--compacted-table", "/tmp/fh-kv-table")

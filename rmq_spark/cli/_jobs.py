@@ -100,6 +100,11 @@ def cmd_tier(client: Client, a) -> int:
     """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
     from ..tiering import AVAILABLE_NOW, TierConfigError, TierSettings, start_tiering, sync_watermark
 
+    if a.vacuum_retain.strip().lower() in ("forever", "none"):
+        # the duration grammar reads these as 0 = no limit; a retain period of 0 is the opposite
+        print(f"rmq tier: --vacuum-retain {a.vacuum_retain}: give a period such as 168h or 30d "
+              "(files older than it may be vacuumed)", file=sys.stderr)
+        return 2
     try:
         settings = TierSettings.create(
             client, a.endpoints, a.topic, a.archive, a.format, a.trigger or AVAILABLE_NOW,
