@@ -29,19 +29,24 @@ class LocalCluster:
 
     def __init__(self, nodes: int | None = None, groups: int | None = None, data_dir: str = "./data",
                  port: int = 0, host: str = "127.0.0.1", fsync: str = "always",
-                 extra_args: Sequence[str] = (), log_dir: str | None = None):
-        """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4)."""
+                 extra_args: Sequence[str] = (), log_dir: str | None = None,
+                 hosts: Sequence[str] | None = None):
+        """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4).
+
+        ``hosts`` gives each node its own address instead of ``host`` (nodes in network
+        namespaces, ``tests/netns.py``); this process cannot probe ports on addresses
+        it does not have, so give ``port`` with it."""
         self.data_dir = os.path.abspath(data_dir)
         # One cluster per directory: held until stop(); raises DirectoryInUse first,
         # before cluster.json or anything else is touched.
         self._lock = DirectoryLock(self.data_dir).acquire()
         try:
-            self._configure(nodes, groups, port, host, fsync, extra_args, log_dir)
+            self._configure(nodes, groups, port, host, fsync, extra_args, log_dir, hosts)
         except BaseException:
             self._lock.release()
             raise
 
-    def _configure(self, nodes, groups, port, host, fsync, extra_args, log_dir) -> None:
+    def _configure(self, nodes, groups, port, host, fsync, extra_args, log_dir, hosts) -> None:
         saved = self._saved()
         if saved and (nodes or saved["nodes"], groups or saved["groups"]) != (saved["nodes"], saved["groups"]):
             raise ValueError(f"{self.data_dir} holds a cluster of {saved['nodes']} nodes and "
@@ -49,6 +54,9 @@ class LocalCluster:
         self.nodes = nodes or (saved["nodes"] if saved else 3)
         self.groups = groups or (saved["groups"] if saved else 4)
         self.host = host
+        self.hosts = list(hosts) if hosts else [host] * self.nodes
+        if len(self.hosts) != self.nodes:
+            raise ValueError(f"{len(self.hosts)} hosts for {self.nodes} nodes")
         self.fsync = fsync
         self.extra_args = list(extra_args)
         self.log_dir = log_dir or self.data_dir
@@ -72,10 +80,10 @@ class LocalCluster:
             bases = [port + i * span for i in range(self.nodes)]
         else:
             bases = []
-            for _ in range(self.nodes):
+            for h in self.hosts:
                 used = [b + k for b in bases for k in range(span)]
-                bases.append(free_port_block(span, self.host, used))
-        addresses = [f"{self.host}:{b}" for b in bases]
+                bases.append(free_port_block(span, h, used))
+        addresses = [f"{h}:{b}" for h, b in zip(self.hosts, bases)]
         with open(os.path.join(self.data_dir, "cluster.json"), "w") as f:
             json.dump({"nodes": self.nodes, "groups": self.groups, "addresses": addresses}, f)
         return addresses
