@@ -11,7 +11,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 
 JARS   := jars/.resolved
 
-.PHONY: demo test test-unit chaos bench jars clean
+.PHONY: demo test test-unit chaos partition bench jars clean
 
 # rmq_spark._bytecode: Spark's Python workers import pyspark from its zip, which
 # zipimport never byte-compiles (~1 s more for every streaming query's start).
@@ -45,6 +45,10 @@ test-unit: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) -m pytest -m chaos -q -s
+
+# Nodes in network namespaces (root and iproute2's ip, as on CI); every scenario 60 s.
+partition: $(STAMP)
+	$(PY) -m pytest -m partition -q -s
 
 bench: $(STAMP) $(JARS)
 	$(PY) bench/produce.py

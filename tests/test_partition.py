@@ -1,0 +1,47 @@
+"""Partitions: idempotent producers and leader reads while links between nodes are cut.
+
+Each node runs in its own network namespace (needs root and iproute2's ``ip``).
+The bounded run is part of `make test`; `make partition` runs every scenario
+for 60 s. Repeat by hand: python -m tests.partition_harness --seconds 60
+"""
+from __future__ import annotations
+
+import pytest
+
+from .netns import unavailable_reason
+from .partition_harness import SCENARIOS, run_partition
+
+
+@pytest.fixture(scope="module")
+def netns_ok():
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(f"partition tests need network namespaces: {reason}")
+
+
+def _check(reports):
+    for r in reports:
+        print("\n" + r.summary())
+    for r in reports:
+        assert r.acked > 0 and r.faults, r.summary()
+        assert r.lost == 0, r.summary()
+        assert r.duplicated == 0, r.summary()
+        assert r.reordered == 0, r.summary()
+        assert r.offset_gaps == 0, r.summary()
+        assert r.replica_mismatches == 0, r.summary()
+        # Not asserted yet: stale_leader_reads (issue 18 "Read guarantee": a leader cut off
+        # from its peers still answers Offsets). The change that makes leader reads
+        # linearizable adds `assert r.stale_leader_reads == 0` here.
+
+
+@pytest.mark.integration
+def test_partition_bounded(tmp_path, netns_ok):
+    _check(run_partition(str(tmp_path), ["isolate-leader", "flap"], seconds=8, seed=7))
+
+
+# Also marked chaos: `make test` (-m "not chaos") leaves these long runs out.
+@pytest.mark.chaos
+@pytest.mark.partition
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_partition_long(tmp_path, netns_ok, scenario):
+    _check(run_partition(str(tmp_path), [scenario], seconds=60, seed=1))
