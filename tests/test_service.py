@@ -312,7 +312,8 @@ def test_tiered_topic_keeps_everything_above_the_archived_watermark(client):
     client.produce("ret-tier", [b"tail"], queue=0)
     time.sleep(1.5)                                                 # three retention passes
     assert client.offsets("ret-tier")[0].earliest == 0, "nothing is archived: nothing may go"
-    client.set_watermark("ret-tier", "archive", {0: 150})
+    token = client.lease("ret-tier", "tier", "test-job", 60_000)[3]    # what a tiering job holds
+    client.set_watermark("ret-tier", "archive", {0: 150}, token)
     o = wait_until(lambda: (lambda x: x if x.earliest > 0 else None)(client.offsets("ret-tier")[0]),
                    what="retention up to the archived watermark")
     assert 0 < o.earliest <= 150

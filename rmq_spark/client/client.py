@@ -398,19 +398,23 @@ class Client:
     def consumer_groups(self, topic: str) -> list[str]:
         return list(self.call("ListConsumerGroups", rmq_pb2.ListConsumerGroupsRequest(topic=topic)).groups)
 
-    def set_watermark(self, topic: str, kind: str, offsets: dict[int, int]) -> None:
-        req = rmq_pb2.SetWatermarkRequest(topic=topic, kind=kind, offsets=offsets)
+    def set_watermark(self, topic: str, kind: str, offsets: dict[int, int], lease_token: int = 0) -> None:
+        """Move a watermark forward. ``archive`` and ``archive_earliest`` (retention deletes hot
+        data below ``archive``) move only with the token of the topic's current tier lease."""
+        req = rmq_pb2.SetWatermarkRequest(topic=topic, kind=kind, offsets=offsets, lease_token=lease_token)
         self.call("SetWatermark", req, group=META_GROUP)
 
-    def lease(self, topic: str, kind: str, owner: str, ttl_ms: int) -> tuple[bool, str, int]:
+    def lease(self, topic: str, kind: str, owner: str, ttl_ms: int) -> tuple[bool, str, int, int]:
         """Take or renew ``owner``'s lease on (topic, kind) for ``ttl_ms`` (0 releases it).
 
-        Returns (granted, holder, expires_ms): granted is False while another
-        owner's lease runs, and then holder/expires_ms name it. Retrying is safe.
+        Returns (granted, holder, expires_ms, token): granted is False while another
+        owner's lease runs, and then holder/expires_ms name it. ``token`` is the
+        holder's fencing token: it stays while one owner renews, and a new owner
+        gets a new one; watermark moves carry it. Retrying is safe.
         """
         r = self.call("Lease", rmq_pb2.LeaseRequest(topic=topic, kind=kind, owner=owner, ttl_ms=ttl_ms),
                       group=META_GROUP)
-        return r.granted, r.holder, r.expires_ms
+        return r.granted, r.holder, r.expires_ms, r.token
 
     # -------------------------------------------------------------- status
     def cluster_status(self) -> dict:

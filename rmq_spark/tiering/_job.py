@@ -137,7 +137,8 @@ class _Run:
                  progress: Callable[[str], None]):
         self.spark, self.s, self.client, self.progress = spark, settings, client, progress
         self.retention = ArchiveRetention(client, settings.topic, settings.tier,
-                                          settings.vacuum_retain_hours, settings.retention_check_s)
+                                          settings.vacuum_retain_hours, settings.retention_check_s,
+                                          lease_token=lambda: self.lease.token)
         self._reported: int | None = None      # last batch with a progress line
         self._synced: int | None = None        # last batch whose end is the watermark
         self._end: dict[int, int] = {}
@@ -162,7 +163,7 @@ class _Run:
         s = self.s
         with session_conf(self.spark, self._conf()):
             starting = self._prepare_checkpoint()
-            sync_watermark(self.client, s.topic, s.checkpoint)
+            sync_watermark(self.client, s.topic, s.checkpoint, self.lease.token)
             self.retention.maybe_run(self.spark)
             self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
             query = self._writer(self._frame(starting)).start()
@@ -301,7 +302,7 @@ class _Run:
         if latest is None or latest == self._reported:
             return
         if latest != self._synced:
-            self._end = sync_watermark(self.client, self.s.topic, self.s.checkpoint) or {}
+            self._end = sync_watermark(self.client, self.s.topic, self.s.checkpoint, self.lease.token) or {}
             self._synced = latest
         first = 0 if self._reported is None else self._reported + 1
         rows = _rows(query, first, latest)

@@ -14,8 +14,12 @@ idea of when its lease lapses is never later than the leader's. A job that
 cannot renew for 90% of the TTL (cluster unreachable, driver paused) treats
 the lease as lost and stops; so does one whose renewal is refused (the lease
 lapsed and another job took it). Before a Delta append the job checks the
-lease (no RPC while the last grant is recent). What a lease without fencing
-tokens cannot close: a pause between that check and Delta's commit.
+lease (no RPC while the last grant is recent), and every watermark move
+carries the lease's fencing token (``token``): the metadata group refuses a
+move under a token that is not the topic's current lease, so a job that lost
+its lease (paused, cut off) moves no watermark and so deletes no hot data.
+What the token does not close yet: such a job's Delta append after a pause
+between ``check`` and Delta's commit.
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ class TierLease:
         step = max(0.05, self.ttl_s / 3)
         self.client = Client(endpoints, timeout=step, attempt_timeout=min(5.0, step))
         self._granted_at: float | None = None      # monotonic, taken before the request
+        self.token = 0                              # the lease's fencing token, once granted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -57,7 +62,7 @@ class TierLease:
     def take(self) -> None:
         """Take the lease or raise ``TierConfigError`` naming the job that holds it."""
         sent = time.monotonic()
-        granted, holder, expires = self.client.lease(self.topic, KIND, self.owner, self._ttl_ms())
+        granted, holder, expires, token = self.client.lease(self.topic, KIND, self.owner, self._ttl_ms())
         if not granted:
             raise TierConfigError(
                 f"topic {self.topic!r} is being tiered by another job (checkpoint {holder}); "
@@ -65,7 +70,7 @@ class TierLease:
                 f"that job first, or, if it died, start again once its lease lapses (at most "
                 f"{self.ttl_s:g} s after its last renewal); a job restarted on that checkpoint "
                 "takes the lease back at once")
-        self._granted_at = sent
+        self._granted_at, self.token = sent, token
 
     def check(self) -> None:
         """Before an append: ``LeaseLost`` unless the lease is surely still this job's."""
@@ -76,8 +81,8 @@ class TierLease:
     def _renew(self) -> None:
         sent = time.monotonic()
         try:
-            granted, holder, expires = self.client.lease(self.topic, KIND, self.owner,
-                                                         self._ttl_ms())
+            granted, holder, expires, token = self.client.lease(self.topic, KIND, self.owner,
+                                                                self._ttl_ms())
         except Exception as e:               # noqa: BLE001 - judged by the lease's age
             if self._granted_at is None or self._age() >= self.ttl_s * GIVE_UP:
                 raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: could "
@@ -89,7 +94,7 @@ class TierLease:
             raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: the lease "
                             f"lapsed and the job with checkpoint {holder} holds it (until "
                             f"{utc_text(expires)}); this job stops without appending")
-        self._granted_at = sent
+        self._granted_at, self.token = sent, token
 
     def _age(self) -> float:
         return time.monotonic() - self._granted_at

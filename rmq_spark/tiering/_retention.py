@@ -31,6 +31,7 @@ import datetime as dt
 import logging
 import os
 import time
+from typing import Callable
 from dataclasses import dataclass
 
 from rmq_spark.archive import layout
@@ -62,8 +63,11 @@ class ArchiveRetention:
 
     def __init__(self, client: Client, topic: str, tier: layout.Tier,
                  vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
-                 check_interval_s: float = 60.0):
+                 check_interval_s: float = 60.0, lease_token: Callable[[], int] = lambda: 0):
+        """``lease_token()``: the token of the job's tier lease, which ``archive_earliest``
+        moves carry (the metadata group refuses them under any other token)."""
         self.client, self.topic, self.tier = client, topic, tier
+        self.lease_token = lease_token
         self.vacuum_retain_hours = vacuum_retain_hours
         self.check_interval_s = check_interval_s
         self._last_check: float | None = None
@@ -117,7 +121,7 @@ class ArchiveRetention:
             else:                       # every archived row of q expired
                 earliest[q] = qf.end
         if earliest:
-            self.client.set_watermark(self.topic, "archive_earliest", earliest)
+            self.client.set_watermark(self.topic, "archive_earliest", earliest, self.lease_token())
         return earliest
 
     # ----------------------------------------------------------------- Delta

@@ -32,10 +32,12 @@ def queue_info(client: Client, topic: str) -> dict[int, dict]:
     return {q["queue"]: q for q in client.describe_topic(topic)["queue_info"]}
 
 
-def sync_watermark(client: Client, topic: str, checkpoint: str) -> Positions | None:
+def sync_watermark(client: Client, topic: str, checkpoint: str, lease_token: int) -> Positions | None:
     """Set the ``archive`` watermark to the end of the latest committed batch.
 
-    Safe to call at any time and repeatedly (watermarks only move forward).
+    Safe to call at any time and repeatedly (watermarks only move forward), by
+    the job holding the topic's tier lease: ``lease_token`` is that lease's
+    token, and a move under any other token is refused (FailedPrecondition).
     Returns the end offsets, or None when the checkpoint has no committed batch.
     """
     done = _checkpoint.committed_end(_checkpoint.local_path(checkpoint, "checkpoint", TierConfigError), topic)
@@ -49,9 +51,9 @@ def sync_watermark(client: Client, topic: str, checkpoint: str) -> Positions | N
              if q in info and info[q]["archive_earliest"] < 0
              and info[q]["archived"] <= info[q]["earliest"] < off}
     if first:       # before ``archive``, which lets the hot earliest move
-        client.set_watermark(topic, "archive_earliest", first)
+        client.set_watermark(topic, "archive_earliest", first, lease_token)
     if any(info.get(q, {}).get("archived", -1) < off for q, off in end.items()):
-        client.set_watermark(topic, "archive", end)
+        client.set_watermark(topic, "archive", end, lease_token)
     return end
 
 

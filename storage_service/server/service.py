@@ -21,7 +21,7 @@ from ..protocol.placement import GRPC_OPTIONS, META_GROUP, produce_address, raft
 from ..protocol.tags import filter_batches, parse_tag_expression
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
                                      SetWatermark)
-from ..statemachine.meta import TOPIC_DEFAULTS, queue_growth_error
+from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
 from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
@@ -318,7 +318,15 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             check_queue(cfg, q)
             if off < 0:
                 raise invalid(f"watermark {off} for queue {q} is negative")
-        self.node.meta_command(SetWatermark(request.topic, request.kind, dict(request.offsets)))
+        token = None
+        if request.kind in FENCED_WATERMARKS:
+            if request.lease_token <= 0:
+                raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   f"watermark {request.kind} of topic {request.topic!r}: give lease_token, "
+                                   "the token of the topic's tier lease (Lease answers it): retention deletes "
+                                   "hot data below the archive watermark, so only the tiering job moves it")
+            token = request.lease_token
+        self.node.meta_command(SetWatermark(request.topic, request.kind, dict(request.offsets), token))
         return rmq_pb2.SetWatermarkResponse()
 
     @_guard
@@ -332,9 +340,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         if not 0 <= request.ttl_ms <= MAX_LEASE_MS:
             raise invalid(f"ttl_ms={request.ttl_ms}: use 1-{MAX_LEASE_MS} to take or renew, "
                           "0 to release")
-        granted, holder, expires = self.node.meta_command(
+        granted, holder, expires, token = self.node.meta_command(
             Lease(request.topic, request.kind, request.owner, request.ttl_ms, int(time.time() * 1000)))
-        return rmq_pb2.LeaseResponse(granted=granted, holder=holder, expires_ms=expires)
+        return rmq_pb2.LeaseResponse(granted=granted, holder=holder, expires_ms=expires, token=token)
 
     # ----------------------------------------------------------------- status
     @_guard

@@ -115,6 +115,11 @@ class SetWatermark(_Command):
     topic: str
     kind: str               # archive, archive_earliest, compaction
     offsets: dict           # queue -> offset; only moves forward
+    lease_token: int | None = None   # archive kinds: the tier lease's token (None: a wave-1 entry)
+
+    def encode(self) -> tuple:
+        head = (self.KIND, self.topic, self.kind, self.offsets)
+        return head if self.lease_token is None else (*head, self.lease_token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,11 @@ import uuid
 from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetWatermark, UnknownCommand,
                        decode_command)
 
-__all__ = ["MetaState", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
+__all__ = ["FENCED_WATERMARKS", "MetaState", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
+
+# Watermarks only the topic's tiering job moves (under its tier lease): retention
+# deletes hot data below ``archive``.
+FENCED_WATERMARKS = ("archive", "archive_earliest")
 
 TOPIC_DEFAULTS = {
     "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
@@ -49,7 +53,9 @@ class MetaState:
         self.offsets: dict[str, dict[str, dict[str, int]]] = {}      # group -> topic -> {q: off}
         self.watermarks: dict[str, dict[str, dict[str, int]]] = {}   # topic -> kind -> {q: off}
         self.deleted: dict[str, str] = {}   # incarnation -> topic name, for queue cleanup
-        self.leases: dict[str, dict[str, list]] = {}       # topic -> kind -> [owner, expires_ms]
+        # topic -> kind -> [owner, expires_ms, token]; the token is the raft index of the
+        # entry that gave the lease to its owner: it changes whenever the holder does
+        self.leases: dict[str, dict[str, list]] = {}
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, raw: tuple):
@@ -118,6 +124,15 @@ class MetaState:
     def _set_watermark(self, raft_index: int, cmd: SetWatermark):
         if missing := self._missing(cmd.topic):
             return missing
+        if cmd.kind in FENCED_WATERMARKS and cmd.lease_token is not None:
+            cur = self.leases.get(cmd.topic, {}).get("tier")
+            if cur is None or len(cur) < 3 or cur[2] != cmd.lease_token:
+                held = f"the current one is token {cur[2]}, held by {cur[0]}" if cur and len(cur) > 2 \
+                    else "the topic has no tier lease now"
+                return ("error", "FAILED_PRECONDITION",
+                        f"watermark {cmd.kind} of topic {cmd.topic!r}: lease token {cmd.lease_token} is not "
+                        f"the topic's tier lease ({held}): only the tiering job holding it moves the "
+                        "archive watermarks")
         cur = self.watermarks.setdefault(cmd.topic, {}).setdefault(cmd.kind, {})
         for q, o in cmd.offsets.items():   # watermarks only move forward
             cur[str(q)] = max(int(o), cur.get(str(q), -1))
@@ -125,7 +140,8 @@ class MetaState:
 
     def _lease(self, raft_index: int, cmd: Lease):
         """Take, renew (ttl_ms > 0) or release (0) ``owner``'s lease; ("ok", (granted,
-        holder, expires_ms)). A lease held by another owner is taken only once it lapsed."""
+        holder, expires_ms, token)). A lease held by another owner is taken only once it
+        lapsed; the token stays while one owner renews and changes with a new owner."""
         if missing := self._missing(cmd.topic):
             return missing
         topic, kind, owner, ttl_ms, now_ms = cmd.topic, cmd.kind, cmd.owner, cmd.ttl_ms, cmd.now_ms
@@ -133,12 +149,13 @@ class MetaState:
         cur = leases.get(kind)
         free = cur is None or cur[0] == owner or cur[1] <= now_ms
         if not free:
-            return ("ok", (False, cur[0], cur[1]))
+            return ("ok", (False, cur[0], cur[1], cur[2] if len(cur) > 2 else 0))
         if ttl_ms == 0:
             leases.pop(kind, None)
-            return ("ok", (True, "", 0))
-        leases[kind] = [owner, now_ms + ttl_ms]
-        return ("ok", (True, owner, now_ms + ttl_ms))
+            return ("ok", (True, "", 0, 0))
+        token = cur[2] if cur is not None and cur[0] == owner and len(cur) > 2 else raft_index
+        leases[kind] = [owner, now_ms + ttl_ms, token]
+        return ("ok", (True, owner, now_ms + ttl_ms, token))
 
     _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
                  CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease}

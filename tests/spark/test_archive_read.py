@@ -68,7 +68,8 @@ def _tiered(spark, client, endpoints, tmp_path, name, fmt, count=1200, tail=40):
     vals = _produce(client, name, count)
     _archive(spark, endpoints, name, tier, str(tmp_path / (name + "-ckpt")))
     archived = {o.queue: o.latest for o in client.offsets(name)}
-    client.set_watermark(name, "archive", archived)
+    token = client.lease(name, "tier", "test-job", 60_000)[3]        # the job released its own
+    client.set_watermark(name, "archive", archived, token)
     # Retention must be done before the tests read: a pass that removes hot data
     # under a read planned on it makes a hot-only read (rightly) fail with data
     # loss. A queue's last archived segment is full (4 batches of 50) but rolls
@@ -208,7 +209,8 @@ def gapped(spark, client, endpoints, tmp_path_factory):
     client.create_topic(name, queues=QUEUES, tier=tier, local_retention_ms=1)
     vals = _produce(client, name, 1200)
     _archive(spark, endpoints, name, tier, None, ending={str(q): 100 for q in range(QUEUES)})
-    client.set_watermark(name, "archive", {q: 600 for q in range(QUEUES)})
+    token = client.lease(name, "tier", "test-job", 60_000)[3]
+    client.set_watermark(name, "archive", {q: 600 for q in range(QUEUES)}, token)
     wait_until(lambda: all(o.earliest > 100 for o in client.offsets(name)), timeout=60,
                        what="hot retention past the archive's end")
     return name, vals

@@ -66,3 +66,10 @@ def test_state_machines_answer_unknown_and_foreign_commands_without_raising(tmp_
 def test_a_truncated_entry_is_an_unknown_command_not_a_crash():
     with pytest.raises(UnknownCommand, match="command 'produce' of the wrong shape"):
         decode_command(("produce",))
+
+
+def test_a_fenced_watermark_carries_its_token_and_a_wave1_one_decodes_without():
+    fenced = SetWatermark("t", "archive", {0: 5}, 42)
+    assert fenced.encode() == ("set_watermark", "t", "archive", {0: 5}, 42)
+    assert decode_command(fenced.encode()) == fenced
+    assert decode_command(("set_watermark", "t", "archive", {0: 5})).lease_token is None

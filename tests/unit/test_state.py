@@ -421,28 +421,30 @@ def test_meta_snapshot_restore_round_trip():
 
 
 def _lease(m: MetaState, owner: str, ttl: int, now: int, topic: str = "t", kind: str = "tier"):
-    return m.apply(9, ("lease", topic, kind, owner, ttl, now))
+    """Each call is the next raft entry (from index 10): a new holder's token is that index."""
+    m.test_index = getattr(m, "test_index", 9) + 1
+    return m.apply(m.test_index, ("lease", topic, kind, owner, ttl, now))
 
 
 def test_lease_is_exclusive_until_it_lapses():
     m = MetaState()
     _create(m, "t")
-    assert _lease(m, "A", 1000, now=0) == ("ok", (True, "A", 1000))
-    assert _lease(m, "B", 1000, now=500) == ("ok", (False, "A", 1000))      # A's runs
-    assert _lease(m, "A", 1000, now=600) == ("ok", (True, "A", 1600))       # renewed by A
-    assert _lease(m, "B", 1000, now=1599) == ("ok", (False, "A", 1600))
-    assert _lease(m, "B", 1000, now=1600) == ("ok", (True, "B", 2600))      # lapsed: B takes it
-    assert _lease(m, "A", 1000, now=1700) == ("ok", (False, "B", 2600))     # A lost it
+    assert _lease(m, "A", 1000, now=0) == ("ok", (True, "A", 1000, 10))     # token: the granting entry
+    assert _lease(m, "B", 1000, now=500) == ("ok", (False, "A", 1000, 10))  # A's runs
+    assert _lease(m, "A", 1000, now=600) == ("ok", (True, "A", 1600, 10))   # renewed by A: same token
+    assert _lease(m, "B", 1000, now=1599) == ("ok", (False, "A", 1600, 10))
+    assert _lease(m, "B", 1000, now=1600) == ("ok", (True, "B", 2600, 14))  # lapsed: B takes it, new token
+    assert _lease(m, "A", 1000, now=1700) == ("ok", (False, "B", 2600, 14)) # A lost it
 
 
 def test_lease_release_only_by_its_holder_and_kinds_are_separate():
     m = MetaState()
     _create(m, "t")
     _lease(m, "A", 1000, now=0)
-    assert _lease(m, "B", 0, now=10) == ("ok", (False, "A", 1000))           # not B's to release
-    assert _lease(m, "A", 1000, now=10, kind="other") == ("ok", (True, "A", 1010))
-    assert _lease(m, "A", 0, now=20) == ("ok", (True, "", 0))
-    assert _lease(m, "B", 1000, now=30) == ("ok", (True, "B", 1030))         # free at once
+    assert _lease(m, "B", 0, now=10) == ("ok", (False, "A", 1000, 10))       # not B's to release
+    assert _lease(m, "A", 1000, now=10, kind="other") == ("ok", (True, "A", 1010, 12))
+    assert _lease(m, "A", 0, now=20) == ("ok", (True, "", 0, 0))
+    assert _lease(m, "B", 1000, now=30) == ("ok", (True, "B", 1030, 14))     # free at once
     assert _lease(m, "A", 1000, now=30, topic="nope")[:2] == ("error", "NOT_FOUND")
 
 
@@ -452,7 +454,8 @@ def test_leases_survive_a_snapshot_and_go_with_their_topic():
     _lease(m, "A", 1000, now=0)
     r = MetaState()
     r.restore(m.snapshot(), 9, None)
-    assert _lease(r, "B", 1000, now=10) == ("ok", (False, "A", 1000))
+    assert _lease(r, "B", 1000, now=10) == ("ok", (False, "A", 1000, 10))    # the token survives too
     r.apply(10, ("delete_topic", "t"))
     _create(r, "t", raft_index=11)
-    assert _lease(r, "B", 1000, now=20) == ("ok", (True, "B", 1020))
+    r.test_index = 11
+    assert _lease(r, "B", 1000, now=20) == ("ok", (True, "B", 1020, 12))

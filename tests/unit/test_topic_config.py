@@ -62,3 +62,39 @@ def test_replayed_wave1_alters_of_a_compact_topics_tier_agree_with_the_snapshot(
     assert replay.topic("kv")["compacted_table"] == restored.topic("kv")["compacted_table"] == "delta:/B"
     replay.apply(4, AlterTopic("kv", {"tier": ""}).encode())        # wave 1 clearing it
     assert (replay.topic("kv")["compacted_table"], replay.topic("kv")["tier"]) == ("", "")
+
+
+def _tiered_meta() -> MetaState:
+    from storage_service.statemachine.commands import Lease
+    m = MetaState()
+    m.apply(1, CreateTopic({"name": "t", "queues": 2, "tier": "delta:/a"}, 0).encode())
+    return m, Lease
+
+
+def test_archive_watermarks_move_only_under_the_current_tier_lease():
+    from storage_service.statemachine.commands import SetWatermark
+    m, Lease = _tiered_meta()
+    assert m.apply(2, Lease("t", "tier", "job-a", 30_000, 1000).encode()) == ("ok", (True, "job-a", 31_000, 2))
+    assert m.apply(3, Lease("t", "tier", "job-a", 30_000, 2000).encode())[1][3] == 2   # renewed: same token
+    assert m.apply(4, SetWatermark("t", "archive", {0: 10}, 2).encode()) == ("ok", None)
+    stray = m.apply(5, SetWatermark("t", "archive", {0: 500}, 7).encode())
+    assert stray[:2] == ("error", "FAILED_PRECONDITION") and "token 7 is not the topic's tier lease" in stray[2]
+    # job-a's lease lapses; job-b takes the topic: job-a (a zombie) moves nothing any more
+    assert m.apply(6, Lease("t", "tier", "job-b", 30_000, 40_000).encode())[1] == (True, "job-b", 70_000, 6)
+    assert m.apply(7, SetWatermark("t", "archive_earliest", {0: 20}, 2).encode())[0] == "error"
+    assert m.apply(8, SetWatermark("t", "archive", {0: 20}, 6).encode()) == ("ok", None)
+    assert m.watermark("t", "archive") == {0: 20} and m.watermark("t", "archive_earliest") == {}
+    # released: nobody's token moves it; compaction watermarks are not fenced
+    m.apply(9, Lease("t", "tier", "job-b", 0, 41_000).encode())
+    assert m.apply(10, SetWatermark("t", "archive", {0: 30}, 6).encode())[0] == "error"
+    assert m.apply(11, SetWatermark("t", "compaction", {0: 3}).encode()) == ("ok", None)
+
+
+def test_wave1_watermark_entries_replay_unfenced_and_wave1_leases_get_token_zero():
+    m, Lease = _tiered_meta()
+    assert m.apply(2, ("set_watermark", "t", "archive", {0: 10})) == ("ok", None)     # a wave-1 journal entry
+    wave1 = {"topics": {"t": {"name": "t", "queues": 2, "tier": "delta:/a"}}, "offsets": {},
+             "watermarks": {}, "leases": {"t": {"tier": ["old-job", 99_000]}}}
+    r = MetaState()
+    r.restore(json.dumps(wave1).encode(), 5, None)
+    assert r.apply(6, Lease("t", "tier", "new-job", 1000, 1000).encode())[1] == (False, "old-job", 99_000, 0)
