@@ -52,7 +52,8 @@ setup(
     ],
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        # hypothesis: property-based fuzzing of every RPC and of the block parsers (issue 18)
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
         "bench": ["nats-py>=2.6"],
         # Notebooks: executed by the test suite (nbclient) and plotted (matplotlib).
         "notebook": ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "matplotlib>=3.8"],

@@ -12,6 +12,7 @@ import time
 import zlib
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
@@ -26,7 +27,7 @@ from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_group, check_queue,
-                       check_topic_name, messages_to_block, validate_produce)
+                       check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
 
 __all__ = ["MessageLogService", "Servers", "serve"]
 
@@ -38,10 +39,31 @@ MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
 
 
+class Undecodable:
+    """A request body that is not the method's message (handed on by ``_decoder``)."""
+
+    def __init__(self, message: str, error: Exception):
+        self.message, self.error = message, error
+
+
+def _decoder(request_cls):
+    """The request deserializer: protobuf's, except that a body which is not a
+    ``request_cls`` becomes ``Undecodable`` (answered INVALID_ARGUMENT by ``_guard``)
+    instead of an exception gRPC would answer INTERNAL."""
+    def decode(body: bytes):
+        try:
+            return request_cls.FromString(body)
+        except DecodeError as e:
+            return Undecodable(request_cls.__name__, e)
+    return decode
+
+
 def _guard(fn):
     @functools.wraps(fn)
     def wrapper(self, request, context):
         try:
+            if isinstance(request, Undecodable):
+                raise invalid(f"the request body is not a {request.message}: {request.error}")
             return fn(self, request, context)
         except ServiceError as e:
             context.set_trailing_metadata(e.trailing_metadata())
@@ -370,8 +392,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
 
     @_guard
     def ReplicaFetch(self, request, context):
+        check_replica_fetch(request)
         data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
-                                      request.max_bytes or DEFAULT_FETCH_BYTES)
+                                      min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
         return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=framing.next_offset(data, request.offset))
 
 
@@ -385,7 +408,7 @@ def _method_handlers(servicer: MessageLogService) -> dict[str, grpc.RpcMethodHan
     for m in SERVICE.methods:
         request, response = getattr(rmq_pb2, m.input_type.name), getattr(rmq_pb2, m.output_type.name)
         handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, m.name), request_deserializer=request.FromString,
+            getattr(servicer, m.name), request_deserializer=_decoder(request),
             response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
     return handlers
 

@@ -15,7 +15,7 @@ from ..protocol import records
 from .errors import ServiceError, invalid
 
 __all__ = ["CLEANUP_POLICIES", "LEASE_KINDS", "MAX_LEASE_MS", "WATERMARK_KINDS", "check_block", "check_config",
-           "check_group", "check_queue", "check_topic_name", "messages_to_block", "parse_block",
+           "check_group", "check_queue", "check_replica_fetch", "check_topic_name", "messages_to_block", "parse_block",
            "validate_produce"]
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
@@ -139,3 +139,15 @@ def check_block(node, cfg: dict, cols: records.Columns) -> None:
         i = int(keyless.argmax())
         raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
                       f"a key (message {i} of the batch has none)")
+
+
+def check_replica_fetch(request: rmq_pb2.ReplicaFetchRequest) -> None:
+    """A peer's catch-up read: ``queue_dir`` is ``TOPIC~INCARNATION~QUEUE``, offsets >= 0."""
+    parts = request.queue_dir.split("~")
+    if len(parts) != 3 or not parts[1] or not (parts[2].isascii() and parts[2].isdigit()):
+        raise invalid(f"queue_dir {request.queue_dir!r} is invalid: use TOPIC~INCARNATION~QUEUE "
+                      "(a queue's directory name on the nodes)")
+    check_topic_name(parts[0])
+    for field in ("offset", "end_offset", "max_bytes"):
+        if getattr(request, field) < 0:
+            raise invalid(f"{field}={getattr(request, field)}: must be >= 0")
