@@ -121,11 +121,16 @@ def _archive_gaps(opts: ReadOptions, part: ArchiveRange, offsets: np.ndarray) ->
 
 
 def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
-    """An archive or a hot-log partition's rows (with ``headers`` if ``includeHeaders``)."""
+    """An archive or a hot-log partition's rows (with ``headers`` if ``includeHeaders``).
+
+    A read with nothing to read plans no partition, and Spark then hands the
+    reader one plain ``InputPartition(None)``: it has no rows."""
     if isinstance(part, ArchiveRange):
         batches = read_archive(opts, part)
-    else:
+    elif isinstance(part, QueueRange):
         batches = read_range(opts, part)
+    else:
+        return iter(())
     return map(with_headers, batches) if opts.include_headers else batches
 
 

@@ -188,3 +188,15 @@ def test_rerun_with_same_idempotence_key_is_applied_once(spark, client, endpoint
     assert sum(o.latest for o in client.offsets(topic)) == 6000
     assert sorted(values(reader(spark, endpoints, topic))) == sorted(
         [str(i).encode() for i in range(3000)] * 2)
+
+
+def test_a_read_with_nothing_to_read_returns_no_rows(spark, client, endpoints, topic):
+    # No partition is planned; Spark then hands the reader one InputPartition(None)
+    # (it raised AttributeError: 'InputPartition' object has no attribute 'start').
+    df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic).load()
+    assert df.count() == 0 and df.limit(5).collect() == []
+    client.produce(topic, [b"x"], queue=0)
+    at_end = f'{{"{topic}": {{"0": 1}}}}'                 # from the end, to the end: nothing
+    later = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic) \
+        .option("startingOffsets", at_end).option("endingOffsets", at_end).load()
+    assert later.collect() == []
