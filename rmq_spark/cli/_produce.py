@@ -33,7 +33,7 @@ import time
 import zlib
 from typing import BinaryIO, Callable, Iterator
 
-from ..client import Client, RmqError
+from ..client import Client, Message, RmqError
 from ._jsonlines import BadLine, message_from_json, message_from_text
 
 __all__ = ["Pipeline", "add_parser", "cmd_produce", "produce_lines", "read_lines"]
@@ -142,21 +142,32 @@ class Pipeline:
             now = time.monotonic()
             if msgs and type(msgs[0]) is bytes:
                 self._add_lines(msgs, now)
-            for m in msgs if msgs and type(msgs[0]) is not bytes else ():
-                q = self._queue_of(m)
-                if not self.pending[q]:
-                    self.since[q] = now
-                size = _size(m)
-                self.pending[q].append(m)
-                self.pending_bytes[q] += size
-                self.buffered_bytes += size
-                if len(self.pending[q]) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
-                    self.ready[q].append(self.pending[q])
-                    self.pending[q], self.pending_bytes[q] = [], 0
-                    if self.fixed is None and q == self._cursor:
-                        self._cursor = (self._cursor + 1) % self.queues
+            else:
+                for m in msgs:
+                    self._add_message(m, now)
             self.buffered += len(msgs)
             self.cond.notify_all()
+
+    def _add_message(self, m: Message, now: float) -> None:
+        """One --json message into its queue's batch (lock held)."""
+        q = self._queue_of(m)
+        if not self.pending[q]:
+            self.since[q] = now
+        size = _size(m)
+        self.pending[q].append(m)
+        self.pending_bytes[q] += size
+        self.buffered_bytes += size
+        if len(self.pending[q]) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
+            self.ready[q].append(self._seal(q))
+
+    def _seal(self, q: int) -> list:
+        """Take queue ``q``'s filling batch out (lock held); unkeyed messages that come
+        next fill the following queue (sticky round robin)."""
+        batch = self.pending[q]
+        self.pending[q], self.pending_bytes[q] = [], 0
+        if self.fixed is None and q == self._cursor:
+            self._cursor = (self._cursor + 1) % self.queues
+        return batch
 
     def _add_lines(self, lines: list[bytes], now: float) -> None:
         """``add`` for plain lines (no keys): whole slices into the current queue's batch,
@@ -176,10 +187,7 @@ class Pipeline:
             self.buffered_bytes += sizes[len(take)] - sizes[0]
             i += len(take)
             if len(pending) >= self.batch or self.pending_bytes[q] >= MAX_BATCH_BYTES:
-                self.ready[q].append(pending)
-                self.pending[q], self.pending_bytes[q] = [], 0
-                if self.fixed is None:
-                    self._cursor = (self._cursor + 1) % self.queues
+                self.ready[q].append(self._seal(q))
 
     def _queue_of(self, m) -> int:
         if self.fixed is not None:
@@ -211,10 +219,7 @@ class Pipeline:
                 elif self.pending[q]:
                     due = self.since[q] + self.linger - now
                     if due <= 0 or self.closing:
-                        out.append((q, self.pending[q]))
-                        self.pending[q], self.pending_bytes[q] = [], 0
-                        if self.fixed is None and q == self._cursor:
-                            self._cursor = (self._cursor + 1) % self.queues
+                        out.append((q, self._seal(q)))
                     else:
                         wait = due if wait is None else min(wait, due)
             if out:

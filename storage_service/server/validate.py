@@ -12,6 +12,7 @@ import grpc
 
 from ..proto import rmq_pb2
 from ..protocol import records
+from ..statemachine.data import parse_queue_dir
 from .errors import ServiceError, invalid
 
 __all__ = ["CLEANUP_POLICIES", "LEASE_KINDS", "MAX_LEASE_MS", "WATERMARK_KINDS", "check_block", "check_config",
@@ -143,11 +144,14 @@ def check_block(node, cfg: dict, cols: records.Columns) -> None:
 
 def check_replica_fetch(request: rmq_pb2.ReplicaFetchRequest) -> None:
     """A peer's catch-up read: ``queue_dir`` is ``TOPIC~INCARNATION~QUEUE``, offsets >= 0."""
-    parts = request.queue_dir.split("~")
-    if len(parts) != 3 or not parts[1] or not (parts[2].isascii() and parts[2].isdigit()):
+    try:
+        topic, incarnation, queue = parse_queue_dir(request.queue_dir)
+    except ValueError:
+        topic, incarnation, queue = "", "", -1
+    if not incarnation or queue < 0:
         raise invalid(f"queue_dir {request.queue_dir!r} is invalid: use TOPIC~INCARNATION~QUEUE "
                       "(a queue's directory name on the nodes)")
-    check_topic_name(parts[0])
+    check_topic_name(topic)
     for field in ("offset", "end_offset", "max_bytes"):
         if getattr(request, field) < 0:
             raise invalid(f"{field}={getattr(request, field)}: must be >= 0")
