@@ -44,6 +44,7 @@ from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
 from . import transport
+from .election import LeaseElection
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
 
@@ -77,7 +78,7 @@ class RaftTiming:
     compaction_seconds: float = 60.0
 
 
-class RaftGroup(SyncObj):
+class RaftGroup(LeaseElection, SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
                  loop: RaftLoop | None = None):
@@ -100,6 +101,9 @@ class RaftGroup(SyncObj):
             logCompactionMinTime=timing.compaction_seconds,
             appendEntriesBatchSizeBytes=64 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
             commandsQueueSize=100_000, dynamicMembershipChange=False,
+            # A leader no majority answered for an election timeout steps down
+            # (pysyncobj's default, 30 s, kept a cut-off leader taking writes).
+            leaderFallbackTimeout=timing.min_timeout,
             # Send appends as soon as a command is queued (pysyncobj then wakes
             # its poller through a pipe) instead of waiting for the next
             # heartbeat: group commit already makes the entries big.
@@ -115,6 +119,7 @@ class RaftGroup(SyncObj):
                 super().__init__(self_addr, others, conf)
             finally:
                 pysyncobj.syncobj.createPoller = make
+        self._init_election(timing.min_timeout)
         self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._running = True
@@ -150,6 +155,7 @@ class RaftGroup(SyncObj):
             self._loop.request_sync(self)
 
     def _onTick(self, timeToWait=0.0):
+        self._election_tick()
         j = self.journal
         if self._loop is None or j.durable_idx >= j.last_idx or not self._isLeader():
             return super()._onTick(timeToWait)
@@ -181,11 +187,14 @@ class RaftGroup(SyncObj):
 
     def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
         if not success:
+            self.send_lease_ack(node, self.raftCurrentTerm)
             return SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
         # durable before the leader may count it
         if nextNodeIdx is None:
             nextNodeIdx = self.journal.last_idx + 1
         if self._loop is not None and self._loop.running:
+            if self.journal.durable_idx < nextNodeIdx - 1:
+                self.send_lease_ack(node, self.raftCurrentTerm)    # the reply waits for a sync
             self._loop.defer_ack(self, node, reset, nextNodeIdx)
             return
         self.journal.sync()
@@ -200,10 +209,13 @@ class RaftGroup(SyncObj):
         another term (``_on_ack``); a node without the field is taken as before.
         """
         self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_idx,
-                                             "reset": reset, "success": True, "term": term})
+                                             "reset": reset, "success": True, "term": term,
+                                             "lt": self.echo_for(term)})
 
     # -------------------------------------------------------- stale appends
     def _SyncObj__onMessageReceived(self, node, message):
+        if self._election_message(node, message):
+            return       # lease, stickiness, pre-vote (election.py)
         if message.get("type") == "next_node_idx" and message.get("term", self.raftCurrentTerm) != self.raftCurrentTerm:
             return       # a reply earned in another term says nothing about this term's entries
         if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
@@ -409,8 +421,7 @@ class RaftGroup(SyncObj):
 
     @property
     def leader_raft_address(self) -> str | None:
-        leader = self._getLeader()
-        return leader.address if leader is not None else None
+        return self.leader_hint      # named only while heard from (election.py)
 
     def stop(self) -> None:
         self._running = False

@@ -54,7 +54,12 @@ class FastTcpConnection(tc.TcpConnection):
             # ~100 KiB+; copying it into the buffer first was a visible cost).
             # The read-timeout check pysyncobj makes on every send stays.
             self._TcpConnection__processConnectionTimeout()
-            if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+            if self.state != tc.CONNECTION_STATE.CONNECTED:
+                # Timed out and closed. pysyncobj's disconnect callback may
+                # already have opened a new socket (state CONNECTING): this
+                # message must not go out ahead of that socket's handshake
+                # (the node's address), or the peer reads a dict where it
+                # expects an address and fails ("unhashable type: 'dict'").
                 return
             head = _LEN.pack(len(data))
             try:

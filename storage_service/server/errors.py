@@ -22,9 +22,9 @@ class NotLeader(ServiceError):
     """This node does not lead the group; ``leader`` is the gRPC address to retry."""
     retriable = True
 
-    def __init__(self, group: int, leader: str | None):
-        where = f"leader is {leader}" if leader else "no leader elected yet"
-        super().__init__(grpc.StatusCode.UNAVAILABLE, f"not leader of group {group}: {where}")
+    def __init__(self, group: int, leader: str | None, why: str = ""):
+        where = f"leader is {leader}" if leader else "no leader known here (an election may be running)"
+        super().__init__(grpc.StatusCode.UNAVAILABLE, f"not leader of group {group}: {why or where}")
         self.group = group
         self.leader = leader
 

@@ -12,6 +12,7 @@ import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
+from typing import Callable
 
 import grpc
 
@@ -31,6 +32,19 @@ from .errors import NotLeader, ServiceError, not_found
 __all__ = ["NodeConfig", "StorageNode"]
 
 log = logging.getLogger(__name__)
+
+
+# How long a leader read waits for the leader's lease to be confirmed (a new
+# leader's first heartbeat round trip) before it answers not-leader.
+READ_LEASE_WAIT = 0.3
+
+
+def _settled(fut: Future, timeout: float) -> bool:
+    try:
+        fut.exception(timeout)
+        return True
+    except FutureTimeout:
+        return False
 
 
 @dataclass(frozen=True)
@@ -112,6 +126,26 @@ class StorageNode:
             raise NotLeader(group, self.leader_of(group))
         return raft
 
+    def require_read_leader(self, group: int, wait: float = READ_LEASE_WAIT) -> RaftGroup:
+        """The group's raft if this node may answer a read as its leader.
+
+        A leader read is linearizable: it answers only while its lease runs
+        (``storage_service/raft/election.py``: no other node can have been
+        elected) and once its own term's first entry is applied. A new leader
+        gets both within a heartbeat round trip, so the wait is short; a leader
+        cut off from its peers answers not-leader once the lease is out.
+        """
+        raft = self.require_leader(group)
+        deadline = time.monotonic() + wait
+        while not raft.read_ready():
+            if not raft.is_leader:
+                raise NotLeader(group, self.leader_of(group))
+            if time.monotonic() >= deadline:
+                raise NotLeader(group, None, "its leader lease is not confirmed (no majority of the "
+                                             "group answered it lately); a read here could be stale")
+            time.sleep(0.005)
+        return raft
+
     def group_of(self, topic: str, queue: int) -> int:
         return group_of(topic, queue, self.config.groups)
 
@@ -184,7 +218,7 @@ class StorageNode:
             done.set()
 
         raft.submit(cmd, cb)
-        if not done.wait(self.config.commit_timeout):
+        if not self._await(raft, lambda t: done.wait(t)):
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"group {raft.group_id}: no commit within {self.config.commit_timeout}s")
         res, err = box[0]
@@ -206,9 +240,31 @@ class StorageNode:
                            int(time.time() * 1000), count, block)
         return g, self.committers[g].submit(item, len(block))
 
+    def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:
+        """``wait(t)`` in slices until it is True (done) or commit_timeout passes (False).
+
+        Gives up early, raising NotLeader, when this node stops leading the
+        group (pysyncobj steps a leader down when no majority answered it for
+        an election timeout): the entry may still commit under the next
+        leader, so the caller is told the outcome is unknown.
+        """
+        deadline = time.monotonic() + self.config.commit_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if wait(max(0.0, min(left, 0.05))):
+                return True
+            if left <= 0:
+                return False
+            if not raft.is_leader:
+                raise NotLeader(raft.group_id, self.leader_of(raft.group_id),
+                                "lost the leadership while the write was pending; the outcome is "
+                                "unknown: retry (with the same producer id and sequence)")
+
     def wait_produce(self, g: int, fut: Future):
         try:
-            return fut.result(self.config.commit_timeout)
+            if not self._await(self.groups[g], lambda t: _settled(fut, t)):
+                raise FutureTimeout
+            return fut.result(0)
         except FutureTimeout:
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"group {g}: produce not committed within {self.config.commit_timeout}s "

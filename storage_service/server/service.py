@@ -126,14 +126,14 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ListTopics(self, request, context):
         # Served by the metadata leader, which has applied every topic change it acknowledged.
-        self.node.require_leader(META_GROUP)
+        self.node.require_read_leader(META_GROUP)
         topics = [config_to_pb(t) for t in self.node.meta.list_topics()]
         return rmq_pb2.ListTopicsResponse(topics=topics)
 
     @_guard
     def DescribeTopic(self, request, context):
         check_topic_name(request.name)
-        self.node.require_leader(META_GROUP)
+        self.node.require_read_leader(META_GROUP)
         cfg = self.node.topic(request.name)
         archived = self.node.meta.watermark(cfg["name"], "archive")
         archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
@@ -234,9 +234,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             wanted = parse_tag_expression(request.tags)
         except ValueError as e:
             raise invalid(str(e)) from None
+        if not request.allow_follower:       # confirmed before the log is looked at
+            self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue))
         g, ql = self.node.queue_log(cfg, request.queue)
-        if not request.allow_follower:
-            self.node.require_leader(g)
         earliest = ql.earliest if ql else 0
         latest = ql.next_offset if ql else 0
         if request.offset < earliest or request.offset > latest:
@@ -283,7 +283,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         if request.group:
             if not 1 <= request.group <= self.node.config.groups:
                 raise invalid(f"group {request.group}: valid data groups are 1..{self.node.config.groups}")
-            self.node.require_leader(request.group)
+            self.node.require_read_leader(request.group)
         resp = rmq_pb2.OffsetsResponse()
         for q in range(cfg["queues"]):
             g, ql = self.node.queue_log(cfg, q)
@@ -299,6 +299,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         check_queue(cfg, request.queue)
         if request.timestamp < 0:
             raise invalid(f"timestamp {request.timestamp} is negative: use ms since the epoch")
+        self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue))
         _, ql = self.node.queue_log(cfg, request.queue)
         off = ql.offset_for_timestamp(request.timestamp) if ql else 0
         return rmq_pb2.OffsetForTimestampResponse(offset=off)
@@ -321,6 +322,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def GetCommittedOffsets(self, request, context):
         self._check_group_topic(request.consumer_group, request.topic)
+        self.node.require_read_leader(META_GROUP)       # read-your-commits
         return rmq_pb2.GetCommittedOffsetsResponse(
             offsets=self.node.meta.committed(request.consumer_group, request.topic))
 

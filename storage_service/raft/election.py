@@ -1,0 +1,203 @@
+"""Leader lease, leader stickiness and pre-vote, on top of pysyncobj's elections.
+
+pysyncobj 0.3.17 lets a leader answer as leader until it notices, 30 s later
+(``leaderFallbackTimeout``), that nobody replies; a node cut off from its
+leader raises its term on every election timeout, and on heal that term
+deposes a healthy leader. This mixin (``RaftGroup`` inherits it) adds:
+
+* **Lease.** Every append a leader sends carries its monotonic send time
+  (``lt``). A follower echoes the newest one it received in its replies; when
+  a success reply must wait for an fsync (or the reply is a refusal), a small
+  ``lease_ack`` carries the echo at once, so a slow disk does not cost the
+  leader its lease. Once a majority (the leader counts itself) echoed a
+  time ``t`` of the current term, no other node can become leader before
+  ``t + min_timeout`` (stickiness, below): the leader holds a lease until
+  ``t + LEASE_FRACTION * min_timeout``. ``read_ready`` is the check a leader
+  read makes: leader, lease running, and an entry of its own term applied
+  (a new leader's no-op, so everything committed before it is applied too).
+  Clocks are compared only with themselves (the leader's times come back to
+  it); only their rates must agree within ``1 - LEASE_FRACTION``.
+* **Stickiness.** A node that heard from a leader within ``min_timeout``
+  (or is a leader with a running lease) ignores vote requests: it neither
+  grants nor raises its term (Raft thesis 4.2.3). A node that just started
+  counts as having heard from a leader: its memory of that is gone.
+  Leadership transfers (``timeout_now``) mark their vote requests and pass.
+* **Pre-vote.** When its election timer fires, a node first asks whether
+  it could win (``pre_vote``, term + 1, its log position) without raising
+  its term; peers that heard from a leader within ``min_timeout`` or hold a
+  newer log say no. Only with a majority of yeses does pysyncobj's election
+  run. A node cut off from the leader therefore never raises its term, and
+  rejoining does not depose anyone.
+* **Hints.** ``leader_hint`` names the leader only while it is heard from;
+  a follower that lost it says "unknown" rather than send clients to it.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+__all__ = ["LEASE_FRACTION", "LeaseElection"]
+
+# Of the minimum election timeout: what a lease may use of it. The rest
+# covers clock-rate differences between nodes and the time a message takes.
+LEASE_FRACTION = 0.8
+
+_LEADER = 2        # pysyncobj's _RAFT_STATE.LEADER
+
+
+class LeaseElection:
+    """Mixin for ``RaftGroup`` (a pysyncobj ``SyncObj``); ``_init_election`` after
+    ``SyncObj.__init__``, ``_election_message`` first in message dispatch,
+    ``_election_tick`` first in ``_onTick``."""
+
+    def _init_election(self, min_timeout: float) -> None:
+        self._min_timeout = min_timeout
+        self._lease_span = min_timeout * LEASE_FRACTION
+        self._leader_contact = time.monotonic()   # just started: as if a leader was heard now
+        self._echo: tuple[int, float] | None = None     # (term, leader's stamp) last received
+        self._acked: dict = {}                    # node -> (term, stamp echoed to us)
+        self._prevote: tuple[int, set] | None = None    # (term asked for, nodes that said yes)
+        self._prevote_won = False
+        self._transfer_election = False
+        self.prevotes_started = 0
+        self.votes_ignored = 0
+        transport = self._SyncObj__transport
+        send = transport.send
+
+        def stamped(node, message):
+            kind = message.get("type")
+            if kind == "append_entries":
+                message["lt"] = time.monotonic()
+            elif kind == "request_vote" and self._transfer_election:
+                message["transfer"] = True
+            return send(node, message)
+
+        transport.send = stamped
+
+    # ------------------------------------------------------------- lease
+    def lease_expiry(self) -> float:
+        """Monotonic time until which this leader's lease runs (0.0: none)."""
+        if self._SyncObj__raftState != _LEADER:
+            return 0.0
+        others = self._SyncObj__otherNodes
+        need = (len(others) + 1) // 2          # followers needed with the leader for a majority
+        if need == 0:
+            return math.inf
+        term = self.raftCurrentTerm
+        stamps = sorted((lt for t, lt in list(self._acked.values()) if t == term), reverse=True)
+        if len(stamps) < need:
+            return 0.0
+        return stamps[need - 1] + self._lease_span
+
+    def read_ready(self) -> bool:
+        """May this node answer a read as the leader: no newer leader can exist,
+        and every entry committed before the read began is applied here."""
+        if self._SyncObj__raftState != _LEADER or time.monotonic() >= self.lease_expiry():
+            return False
+        noop = self._SyncObj__noopIDx
+        return noop is not None and self.raftLastApplied >= noop
+
+    def _heard_from_leader(self) -> bool:
+        if self._SyncObj__raftState == _LEADER:
+            return time.monotonic() < self.lease_expiry()
+        return time.monotonic() - self._leader_contact < self._min_timeout
+
+    @property
+    def leader_hint(self) -> str | None:
+        """The leader's raft address while it is heard from, else None."""
+        if self._SyncObj__raftState == _LEADER:
+            return self.selfNode.address
+        leader = self._getLeader()
+        if leader is None or time.monotonic() - self._leader_contact >= self._min_timeout:
+            return None
+        return leader.address
+
+    # ---------------------------------------------------------- messages
+    def _election_message(self, node, message) -> bool:
+        """Our messages and rules before pysyncobj's; True if the message is consumed."""
+        kind = message.get("type")
+        if kind == "append_entries":
+            if message["term"] >= self.raftCurrentTerm:
+                self._leader_contact = time.monotonic()
+                self._prevote, self._prevote_won = None, False
+                if "lt" in message:
+                    self._echo = (message["term"], message["lt"])
+            return False
+        if kind == "next_node_idx" or kind == "lease_ack":
+            self._note_echo(node, message)
+            return kind == "lease_ack"
+        if kind == "request_vote":
+            if not message.get("transfer") and self._heard_from_leader():
+                self.votes_ignored += 1
+                return True
+            return False
+        if kind == "pre_vote":
+            self._answer_prevote(node, message)
+            return True
+        if kind == "pre_vote_response":
+            self._count_prevote(node, message)
+            return True
+        return False
+
+    def _note_echo(self, node, message) -> None:
+        term, lt = message.get("term"), message.get("lt")
+        if lt is None or term != self.raftCurrentTerm or self._SyncObj__raftState != _LEADER:
+            return
+        prev = self._acked.get(node)
+        if prev is None or prev[0] != term or prev[1] < lt:
+            self._acked[node] = (term, lt)
+        self._SyncObj__lastResponseTime[node] = time.monotonic()
+
+    def send_lease_ack(self, node, term: int) -> None:
+        """The echo alone, now: the reply it would ride on is held back or a refusal."""
+        lt = self.echo_for(term)
+        if lt is not None:
+            self._SyncObj__transport.send(node, {"type": "lease_ack", "term": term, "lt": lt})
+
+    def echo_for(self, term: int) -> float | None:
+        """The leader stamp a success reply of ``term`` carries back."""
+        echo = self._echo
+        return echo[1] if echo is not None and echo[0] == term else None
+
+    def _log_position(self) -> tuple[int, int]:
+        return self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex()
+
+    def _answer_prevote(self, node, message) -> None:
+        granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader()
+                   and (message["last_log_term"], message["last_log_index"]) >= self._log_position())
+        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message["term"],
+                                             "granted": granted})
+
+    def _count_prevote(self, node, message) -> None:
+        pv = self._prevote
+        if pv is None or message.get("term") != pv[0] or not message.get("granted"):
+            return
+        pv[1].add(node)
+        if len(pv[1]) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2:
+            self._prevote, self._prevote_won = None, True
+            self._SyncObj__raftElectionDeadline = 0.0      # pysyncobj's election, next tick
+            self.wake()
+
+    # -------------------------------------------------------------- tick
+    def _election_tick(self) -> None:
+        """Where pysyncobj's election timer would start an election this tick: a
+        pre-vote round instead, unless one was just won (or a transfer asks)."""
+        self._transfer_election = False
+        if self._SyncObj__raftState == _LEADER or self._SyncObj__selfNode is None:
+            return
+        now = time.monotonic()
+        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+            return
+        if self._prevote_won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes:
+            self._transfer_election = bool(self._SyncObj__transferInProgress)
+            self._prevote_won = False
+            return                                # pysyncobj elects in this tick
+        term = self.raftCurrentTerm + 1
+        self._prevote = (term, set())
+        self.prevotes_started += 1
+        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+        self._SyncObj__raftLeader = None          # not heard from: no longer named as leader
+        last_term, last_idx = self._log_position()
+        for other in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(other, {"type": "pre_vote", "term": term,
+                                                  "last_log_index": last_idx, "last_log_term": last_term})
