@@ -11,7 +11,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 
 JARS   := jars/.resolved
 
-.PHONY: demo test test-unit chaos partition bench jars clean
+.PHONY: demo test test-unit chaos partition jepsen bench jars clean
 
 # rmq_spark._bytecode: Spark's Python workers import pyspark from its zip, which
 # zipimport never byte-compiles (~1 s more for every streaming query's start).
@@ -49,6 +49,13 @@ chaos: $(STAMP)
 # Nodes in network namespaces (root and iproute2's ip, as on CI); every scenario 60 s.
 partition: $(STAMP)
 	$(PY) -m pytest -m partition -q -s
+
+# The partition scenarios (leader cut off, majority/minority, bridge, node cut off,
+# flapping), one summary line each: acked lost duplicated reordered
+# replica_mismatches stale_reads max_unavailable_s ... Nodes in network namespaces.
+JEPSEN_SECONDS ?= 60
+jepsen: $(STAMP)
+	$(PY) -m tests.partition_harness --seconds $(JEPSEN_SECONDS) --fsync always
 
 bench: $(STAMP) $(JARS)
 	$(PY) bench/produce.py

@@ -1,6 +1,8 @@
 """Partition run: idempotent producers and readers while the network between nodes is cut.
 
-    python -m tests.partition_harness --seconds 60 [--scenarios isolate-leader,split]
+    python -m tests.partition_harness --seconds 60 [--scenarios isolate-leader,split] [--fsync always]
+
+``make jepsen`` runs every scenario for 60 s (``JEPSEN_SECONDS``) with ``--fsync always``.
 
 Every storage node runs in its own network namespace (``tests/netns.py``);
 this process, the client, sits in the root namespace and reaches them all
@@ -17,13 +19,29 @@ port) and a reader of ``Client.offsets`` while links are cut and healed:
 
 After the last heal the run verifies the topic (every acknowledged message
 exactly once, per-producer order, contiguous offsets, identical replicas) and
-prints one summary line per scenario, with the longest time no produce to a
-data group succeeded and the count of stale leader reads.
+prints one summary line per scenario:
+
+- ``acked lost duplicated reordered replica_mismatches offset_gaps``: the
+  verification.
+- ``stale_reads``: leader answers (``Client.offsets``) older than a write
+  acknowledged before the read began; ``leader_reads`` how many were made.
+- ``max_unavailable_s``: the longest time no produce to a data group
+  succeeded (the 3 s after the last heal included).
+- ``failover_s``: median and max over the cuts that left a group's leader
+  apart from its peers, of the longest time no produce to that group was
+  acknowledged from the cut to 1 s after its heal (in-flight writes answered
+  just after the cut do not count as recovery).
+- ``handler_errors``: tracebacks the nodes logged during the scenario.
+- ``deposed_on_heal``: heals after which a group's leader changed although
+  it had stayed with a majority of its peers throughout the cut (a rejoining
+  node must not depose it: pre-vote).
 """
 from __future__ import annotations
 
 import json
+import os
 import random
+import statistics
 import signal
 import sys
 import tempfile
@@ -33,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from storage_service.local import LocalCluster
+from storage_service.raft.journal import FSYNC_POLICIES
 
 from .netns import Netns
 from .workload import Producer, Verdict, harness_parser, leader_index, run_for, verify
@@ -47,17 +66,35 @@ class PartitionReport(Verdict):
     scenario: str = ""
     faults: list[str] = field(default_factory=list)
     unavailable_s: dict[int, float] = field(default_factory=dict)   # data group -> longest gap
-    stale_leader_reads: int = 0
+    stale_reads: int = 0
     leader_reads: int = 0
+    failover_s: list[float] = field(default_factory=list)   # per cut that parted a leader
+    handler_errors: int = 0
+    deposed_on_heal: int = 0
+    heals_checked: int = 0
 
     @property
-    def unavailable_max_s(self) -> float:
+    def held(self) -> bool:
+        """The guarantees beyond the verification: fresh leader reads, no handler
+        errors, no leader deposed by a rejoining node."""
+        return not (self.stale_reads or self.handler_errors or self.deposed_on_heal)
+
+    @property
+    def max_unavailable_s(self) -> float:
         return max(self.unavailable_s.values(), default=0.0)
+
+    @property
+    def failover_median_s(self) -> float:
+        return statistics.median(self.failover_s) if self.failover_s else 0.0
 
     def summary(self) -> str:
         per_group = ",".join(f"g{g}:{s:.1f}" for g, s in sorted(self.unavailable_s.items()))
+        failover = (f"{self.failover_median_s:.2f}/{max(self.failover_s):.2f}(n={len(self.failover_s)})"
+                    if self.failover_s else "-")
         return (f"partition summary: scenario={self.scenario} {self.counts()} "
-                f"unavailable_max_s={self.unavailable_max_s:.1f} stale_leader_reads={self.stale_leader_reads} "
+                f"stale_reads={self.stale_reads} max_unavailable_s={self.max_unavailable_s:.1f} "
+                f"failover_s={failover} handler_errors={self.handler_errors} "
+                f"deposed_on_heal={self.deposed_on_heal}/{self.heals_checked} "
                 f"leader_reads={self.leader_reads} faults={len(self.faults)} unavailable_s={per_group} "
                 f"produce_calls={self.produce_calls} retries={self.retries}")
 
@@ -114,12 +151,11 @@ def _leader_reader(endpoints: str, topic: str, acks: _Acks, stop: threading.Even
     """Count ``Client.offsets`` answers older than a write acknowledged before the read began.
 
     The proto promises these answers come from each group's leader, fresh
-    (read-your-writes); issue 18 found a leader cut off from its peers keeps
-    answering as leader. The reader has its own client, as a consumer in another
-    process would: the producers' client learns the new leader when a produce
-    fails, a reader's does not while the old leader keeps answering. Reported
-    only: the change that makes leader reads linearizable turns this count into
-    an assertion (== 0) in test_partition.py.
+    (read-your-writes). Before leader leases (issue 18) a leader cut off from
+    its peers kept answering as leader. The reader has its own client, as a
+    consumer in another process would: the producers' client learns the new
+    leader when a produce fails, a reader's does not while the old leader
+    keeps answering.
     """
     from rmq_spark.client import Client
 
@@ -133,7 +169,7 @@ def _leader_reader(endpoints: str, topic: str, acks: _Acks, stop: threading.Even
                 continue
             report.leader_reads += 1
             if any(o.latest < before.get(o.queue, 0) for o in answer):
-                report.stale_leader_reads += 1
+                report.stale_reads += 1
             stop.wait(0.05)
 
 
@@ -145,6 +181,32 @@ class _Run:
     groups: list[int]           # the data groups holding the topic's queues
     report: PartitionReport
     rng: random.Random
+    parted: list[list] = field(default_factory=list)   # [cut time, group whose leader was parted, heal time]
+    kept: dict[int, tuple[int, int]] = field(default_factory=dict)   # group -> (leader, term) that kept a majority
+
+
+def _leaders(run: _Run) -> dict[int, tuple[int, int]]:
+    """data group -> (index, term) of the node that reports itself its leader."""
+    try:
+        st = run.client.cluster_status()
+    except Exception:
+        return {}
+    out = {}
+    for n in st["nodes"]:
+        for g in n["groups"]:
+            if g["group"] in run.groups and g["leader"] == n["address"] and n["address"] in run.cluster.addresses:
+                out[g["group"]] = (run.cluster.addresses.index(n["address"]), g["term"])
+    return out
+
+
+def _cut(run: _Run, apart: set[int], cut: Callable[[], None]) -> None:
+    """Apply ``cut``, which parts the nodes ``apart`` from a majority of their peers;
+    note the groups whose leader that parts, and the leaders that keep a majority."""
+    leaders = _leaders(run)
+    t = time.monotonic()
+    cut()
+    run.parted += [[t, g, None] for g, (i, _) in leaders.items() if i in apart]
+    run.kept = {g: lead for g, lead in leaders.items() if lead[0] not in apart}
 
 
 def _isolate_leader(run: _Run) -> str | None:
@@ -152,26 +214,40 @@ def _isolate_leader(run: _Run) -> str | None:
     victim = leader_index(run.client, run.cluster, g)
     if victim is None:
         return None
-    run.net.isolate(victim)
+    _cut(run, {victim}, lambda: run.net.isolate(victim))
     return f"isolate node {victim} (leader of group {g})"
 
 
 def _split(run: _Run) -> str:
     minority = run.rng.randrange(run.net.nodes)
-    run.net.split([[n for n in range(run.net.nodes) if n != minority], [minority]])
+    _cut(run, {minority}, lambda: run.net.split([[n for n in range(run.net.nodes) if n != minority], [minority]]))
     return f"split: node {minority} alone"
 
 
 def _bridge(run: _Run) -> str:
     a, b, via = run.rng.sample(range(run.net.nodes), 3)
-    run.net.bridge(a, b, via)
+    # Every node still reaches a majority (itself and ``via``): nobody is parted.
+    _cut(run, set(), lambda: run.net.bridge(a, b, via))
     return f"bridge: {a} x {b}, via {via}"
 
 
 def _cut_off(run: _Run) -> str:
     node = run.rng.randrange(run.net.nodes)
-    run.net.cut_off(node)
+    _cut(run, {node}, lambda: run.net.cut_off(node))
     return f"cut off node {node} (client included)"
+
+
+def _check_heal(run: _Run) -> None:
+    """After a heal: a leader that kept its majority through the cut still leads, in
+    the same term. A rejoining node that had raised its term while cut off would
+    have deposed it by now (its first message after the heal carries that term)."""
+    now = _leaders(run)
+    for g, lead in run.kept.items():
+        run.report.heals_checked += 1
+        if now.get(g) != lead:
+            run.report.deposed_on_heal += 1
+            run.report.faults.append(f"group {g}: leader/term {lead} changed after the heal: {now.get(g)}")
+    run.kept = {}
 
 
 # scenario -> (apply one fault, seconds the fault holds, seconds healed before the next)
@@ -195,7 +271,12 @@ def _faults(run: _Run, scenario: str, stop: threading.Event) -> None:
             run.report.faults.append(what)
             stop.wait(run.rng.uniform(*hold))
             run.net.heal()
-            stop.wait(run.rng.uniform(*rest))
+            for cut in run.parted:
+                cut[2] = cut[2] or time.monotonic()
+            pause = run.rng.uniform(*rest)
+            if not stop.wait(min(1.0, pause)):
+                _check_heal(run)
+                stop.wait(max(0.0, pause - 1.0))
     finally:
         run.net.heal()
 
@@ -203,6 +284,7 @@ def _faults(run: _Run, scenario: str, stop: threading.Event) -> None:
 def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, queues: int,
                   seed: int, log) -> PartitionReport:
     report, lock = PartitionReport(scenario=scenario), threading.Lock()
+    logs_at = _log_sizes(cluster)
     topic = f"part-{scenario}"
     client.create_topic(topic, queues=queues)
     by_group: dict[int, list[int]] = {}
@@ -223,7 +305,7 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     faults.start()
     run_for(seconds, prods, lambda line: log(f"  {scenario}" + line),
             lambda: f"{len(report.faults)} faults, {report.retries} retries, "
-                    f"{report.stale_leader_reads} stale reads")
+                    f"{report.stale_reads} stale reads")
     fault_stop.set()
     faults.join()
     time.sleep(3.0)                     # healed: the time to recover counts as unavailable
@@ -232,13 +314,34 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     for t in (*prods, reader):
         t.join(timeout=60)
     report.unavailable_s = {g: acks.longest_gap(g, t0, t1) for g in by_group}
+    for t, g, healed in run.parted:
+        report.failover_s.append(acks.longest_gap(g, t, min(t1, (healed or t1) + 1.0)))
+    report.handler_errors = _new_tracebacks(cluster, logs_at)
     cluster.wait_ready(timeout=60)
     verify(client, cluster, topic, prods, queues, report)
     return report
 
 
+def _log_sizes(cluster: NetnsCluster) -> dict[str, int]:
+    out = {}
+    for i in range(cluster.net.nodes):
+        path = os.path.join(cluster.log_dir, f"node-{i}.log")
+        out[path] = os.path.getsize(path) if os.path.exists(path) else 0
+    return out
+
+
+def _new_tracebacks(cluster: NetnsCluster, since: dict[str, int]) -> int:
+    """Tracebacks the nodes logged since ``since`` (``_log_sizes``): handler failures."""
+    count = 0
+    for path, size in since.items():
+        with open(path, "rb") as f:
+            f.seek(size)
+            count += f.read().count(b"Traceback (most recent call last)")
+    return count
+
+
 def run_partition(data_dir: str, scenarios: list[str], seconds: float = 60.0, queues: int = 6,
-                  groups: int = 3, seed: int = 1, log=print) -> list[PartitionReport]:
+                  groups: int = 3, seed: int = 1, log=print, fsync: str = "always") -> list[PartitionReport]:
     """Run ``scenarios`` one after another on one cluster of 3 nodes in namespaces."""
     from rmq_spark.client import Client
 
@@ -247,7 +350,8 @@ def run_partition(data_dir: str, scenarios: list[str], seconds: float = 60.0, qu
         raise ValueError(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
     reports = []
     with Netns(3) as net:
-        cluster = NetnsCluster(net, data_dir, groups=groups, extra_args=["--compaction-entries", "200"])
+        cluster = NetnsCluster(net, data_dir, groups=groups, fsync=fsync,
+                               extra_args=["--compaction-entries", "200"])
         cluster.start(timeout=90)
         try:
             with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
@@ -262,14 +366,18 @@ def run_partition(data_dir: str, scenarios: list[str], seconds: float = 60.0, qu
 def main(argv=None) -> int:
     ap = harness_parser("python -m tests.partition_harness", __doc__, seconds_help="per scenario")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--fsync", choices=FSYNC_POLICIES, default="always",
+                    help="the nodes' fsync policy (default: always)")
     a = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))    # unwinds: nodes stopped, namespaces removed
     with tempfile.TemporaryDirectory(prefix="rmq-partition-") as tmp:
         reports = run_partition(a.data_dir or tmp, a.scenarios.split(","), a.seconds, seed=a.seed,
-                                log=lambda line: print(line, flush=True))
+                                log=lambda line: print(line, flush=True), fsync=a.fsync)
+    print(f"partition runs: {len(reports)} scenarios, {a.seconds:.0f} s each, --fsync {a.fsync}, "
+          f"seed {a.seed}: " + ("all held" if all(r.ok and r.held for r in reports) else "FAILED"))
     if a.json:
         print(json.dumps([{**r.__dict__, "ok": r.ok} for r in reports], indent=2))
-    return 0 if all(r.ok for r in reports) else 1
+    return 0 if all(r.ok and r.held for r in reports) else 1
 
 
 if __name__ == "__main__":

@@ -27,9 +27,11 @@ def _check(reports):             # run_partition printed each summary line
         assert r.reordered == 0, r.summary()
         assert r.offset_gaps == 0, r.summary()
         assert r.replica_mismatches == 0, r.summary()
-        # Not asserted yet: stale_leader_reads (issue 18 "Read guarantee": a leader cut off
-        # from its peers still answers Offsets). The change that makes leader reads
-        # linearizable adds `assert r.stale_leader_reads == 0` here.
+        # Leader reads are linearizable (leases, storage_service/raft/election.py).
+        assert r.leader_reads > 0 and r.stale_reads == 0, r.summary()
+        assert r.handler_errors == 0, r.summary()
+        # Pre-vote: a node that rejoins does not depose a leader that kept its majority.
+        assert r.deposed_on_heal == 0, r.summary()
 
 
 @pytest.mark.integration

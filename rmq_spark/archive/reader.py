@@ -103,6 +103,20 @@ def delta_log(root: str) -> tuple[list[dict], dict] | None:
     return list(adds.values()), conf
 
 
+def delta_txn_version(root: str, app_id: str) -> int | None:
+    """The version Delta recorded for the idempotent-write id ``app_id`` (its
+    ``txn`` actions); None when it has none, or the table has no log."""
+    found: list[int] = []
+
+    def note(action: dict) -> None:
+        txn = action.get("txn")
+        if txn and txn.get("appId") == app_id:
+            found.append(int(txn["version"]))
+
+    _replay_delta_log(root, note)
+    return max(found, default=None)
+
+
 def delta_referenced_paths(root: str) -> set[str] | None:
     """Local paths of every file an ``add`` or a ``remove`` (a tombstone VACUUM has
     not passed yet) of the Delta table at ``root`` names, from the last checkpoint and
@@ -182,7 +196,7 @@ def _latest_checkpoint(log_dir: str, names: list[str]) -> tuple[int | None, list
 def _checkpoint_actions(path: str, apply) -> None:
     table = pq.read_table(path)
     cols = set(table.column_names)
-    for action in ("protocol", "metaData", "add", "remove"):
+    for action in ("protocol", "metaData", "add", "remove", "txn"):
         if action not in cols:
             continue
         for value in table.column(action).to_pylist():

@@ -122,9 +122,3 @@ class TierSettings:
     @property
     def available_now(self) -> bool:
         return jobs.is_available_now(self.trigger)
-
-    @property
-    def txn_app_prefix(self) -> str:
-        """Delta ``txnAppId`` = prefix + query id: stable across restarts of one
-        checkpoint, new for a new one (whose batch ids start at 0 again)."""
-        return f"rmq-tier/{self.topic}/"

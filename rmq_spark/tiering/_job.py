@@ -2,10 +2,10 @@
 
 One Structured Streaming query per topic. Exactly once into the archive:
 
-* Delta: ``foreachBatch`` appends with ``txnAppId`` = topic + query id and
-  ``txnVersion`` = batch id, so a batch replayed after a kill is skipped by
-  Delta. The query id belongs to the checkpoint: a new checkpoint (whose
-  batch ids restart at 0) gets a new app id.
+* Delta: ``foreachBatch`` appends with Delta's idempotent-write identity,
+  ``txnAppId`` = ``rmq-tier-fence/TOPIC`` and ``txnVersion`` = the job's lease
+  token and the batch id (``_fence``): a batch replayed after a kill is skipped
+  by Delta, and so is (or fails) the append of a job that lost its lease.
 * Parquet: Spark's file stream sink; its ``_spark_metadata`` log is the
   commit record (a new checkpoint continues the log's batch numbering, see
   ``rmq_spark.jobs.checkpoint.seed``).
@@ -27,11 +27,13 @@ import threading
 from typing import Callable
 
 from rmq_spark.archive import layout
+from rmq_spark.archive.reader import delta_txn_version
 from rmq_spark.client import Client
 from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
 
+from . import _fence
 from ._config import DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
 from ._lease import LeaseLost, TierLease
 from ._retention import ArchiveRetention
@@ -142,7 +144,7 @@ class _Run:
         self._reported: int | None = None      # last batch with a progress line
         self._synced: int | None = None        # last batch whose end is the watermark
         self._end: dict[int, int] = {}
-        self._app_id: str | None = None
+        self._legacy_done: int | None = None   # last batch committed under the pre-fence app id
         self._table_found = False              # the Delta archive has a log (it stays so)
         self.lease = TierLease(settings.endpoints, settings.topic,
                                os.path.normpath(settings.checkpoint))
@@ -162,6 +164,8 @@ class _Run:
     def _start(self):
         s = self.s
         with session_conf(self.spark, self._conf()):
+            if s.tier.format == "delta":
+                _fence.raise_fence(s.tier.path, s.topic, self.lease.token, self._append_empty)
             starting = self._prepare_checkpoint()
             sync_watermark(self.client, s.topic, s.checkpoint, self.lease.token)
             self.retention.maybe_run(self.spark)
@@ -208,8 +212,14 @@ class _Run:
         sink_batch = _sink_latest_batch(s.tier)
         ours = _checkpoint.latest_batch(s.checkpoint, "offsets")
         archived = archived_positions(self.client, s.topic, s.tier)
+        if s.tier.format == "delta":
+            pending = ours if ours is not None and ours != _checkpoint.latest_batch(s.checkpoint) else None
+            _fence.check_resume(s.tier.path, s.topic, s.checkpoint, self.lease.token, pending)
         if ours is not None:
             self._check_owner(ours, sink_batch, archived)
+            if s.tier.format == "delta":
+                self._legacy_done = delta_txn_version(s.tier.path, _fence.legacy_app_id(
+                    s.topic, _checkpoint.query_id(s.checkpoint)))
             return None
         start = start_positions(self.client, s.topic, archived)
         if sink_batch is None:
@@ -234,11 +244,21 @@ class _Run:
 
     # ----------------------------------------------------------- writer
     def _delta_batch(self, df, batch_id: int) -> None:
+        self.lease.check()          # a job whose lease lapsed must not append
+        if self._legacy_done is not None and batch_id <= self._legacy_done:
+            return                  # committed before fencing, under the checkpoint's own app id
+        self._append(df, _fence.batch_version(self.lease.token, batch_id))
+        self.retention.maybe_run(df.sparkSession)
+
+    def _append_empty(self, version: int) -> None:
+        """The fence (``_fence.raise_fence``): an empty append at ``version``."""
+        self._append(self.spark.createDataFrame([], layout.ARCHIVE_DDL), version)
+
+    def _append(self, df, version: int) -> None:
+        """Append ``df`` to the Delta archive as idempotent write ``version`` of the
+        topic's fence app id; skipped by Delta if a version as high is recorded."""
         from delta.exceptions import MetadataChangedException, ProtocolChangedException
 
-        self.lease.check()          # a job whose lease lapsed must not append
-        if self._app_id is None:
-            self._app_id = self.s.txn_app_prefix + _checkpoint.query_id(self.s.checkpoint)
         path = self.s.tier.path
         new = not (self._table_found or _has_delta_log(path))
         # A new archive is created by its first append (the "delta." options are its
@@ -246,7 +266,7 @@ class _Run:
         # query instead costs a CREATE TABLE, and makes the first append's txn lookup
         # compute the table's state: ~1 s per new archive.
         write = (df.write.format("delta").options(**layout.DELTA_TABLE_PROPERTIES)
-                 .option("txnAppId", self._app_id).option("txnVersion", batch_id)
+                 .option("txnAppId", _fence.app_id(self.s.topic)).option("txnVersion", version)
                  .mode("append").partitionBy(*layout.PARTITION_COLUMNS))
         try:
             write.save(path)
@@ -261,7 +281,6 @@ class _Run:
             self.lease.check()
             write.save(path)
         self._table_found = True
-        self.retention.maybe_run(df.sparkSession)
 
     # ---------------------------------------------------------- monitor
     def watch(self, query) -> None:

@@ -18,8 +18,8 @@ lease (no RPC while the last grant is recent), and every watermark move
 carries the lease's fencing token (``token``): the metadata group refuses a
 move under a token that is not the topic's current lease, so a job that lost
 its lease (paused, cut off) moves no watermark and so deletes no hot data.
-What the token does not close yet: such a job's Delta append after a pause
-between ``check`` and Delta's commit.
+A Delta archive's appends carry the token too (``_fence``): one that a paused
+job commits after another job took over fails or is skipped by Delta.
 """
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ class MetaState:
     def _lease(self, raft_index: int, cmd: Lease):
         """Take, renew (ttl_ms > 0) or release (0) ``owner``'s lease; ("ok", (granted,
         holder, expires_ms, token)). A lease held by another owner is taken only once it
-        lapsed; the token stays while one owner renews and changes with a new owner."""
+        lapsed; the token stays with one owner (renewed, lapsed or released) and changes
+        with a new owner."""
         if missing := self._missing(cmd.topic):
             return missing
         topic, kind, owner, ttl_ms, now_ms = cmd.topic, cmd.kind, cmd.owner, cmd.ttl_ms, cmd.now_ms
@@ -151,7 +152,11 @@ class MetaState:
         if not free:
             return ("ok", (False, cur[0], cur[1], cur[2] if len(cur) > 2 else 0))
         if ttl_ms == 0:
-            leases.pop(kind, None)
+            # Released, but the token stays with its owner until another owner takes
+            # the lease: a job restarted on the same checkpoint keeps its token (its
+            # Delta fence, rmq_spark/tiering/_fence.py, is then still the newest).
+            if cur is not None and len(cur) > 2:
+                leases[kind] = [cur[0], 0, cur[2]]
             return ("ok", (True, "", 0, 0))
         token = cur[2] if cur is not None and cur[0] == owner and len(cur) > 2 else raft_index
         leases[kind] = [owner, now_ms + ttl_ms, token]

@@ -444,7 +444,9 @@ def test_lease_release_only_by_its_holder_and_kinds_are_separate():
     assert _lease(m, "B", 0, now=10) == ("ok", (False, "A", 1000, 10))       # not B's to release
     assert _lease(m, "A", 1000, now=10, kind="other") == ("ok", (True, "A", 1010, 12))
     assert _lease(m, "A", 0, now=20) == ("ok", (True, "", 0, 0))
-    assert _lease(m, "B", 1000, now=30) == ("ok", (True, "B", 1030, 14))     # free at once
+    assert _lease(m, "A", 1000, now=25) == ("ok", (True, "A", 1025, 10))     # A again: its token
+    assert _lease(m, "A", 0, now=26) == ("ok", (True, "", 0, 0))
+    assert _lease(m, "B", 1000, now=30) == ("ok", (True, "B", 1030, 16))     # free at once, new token
     assert _lease(m, "A", 1000, now=30, topic="nope")[:2] == ("error", "NOT_FOUND")
 
 
