@@ -13,12 +13,16 @@ import random
 import time
 from typing import Sequence
 
-from .errors import NotLeader, RmqError
+from .errors import DeadlineExceeded, NotLeader, RmqError, Unavailable
 
 __all__ = ["Routes", "RetryClock"]
 
 FIRST_DELAY = 0.02
 MAX_DELAY = 1.0
+# A node that timed out or could not be reached is tried last for this long: a
+# node cut off from the network costs each call a whole attempt timeout, and a
+# round-robin pick would keep choosing it while the rest elect a new leader.
+SUSPECT_S = 5.0
 
 
 class Routes:
@@ -27,6 +31,7 @@ class Routes:
     def __init__(self, endpoints: Sequence[str]):
         self.endpoints = list(endpoints)
         self._leaders: dict[int, str] = {}
+        self._suspect: dict[str, float] = {}       # address -> monotonic time it is trusted again
         # Round-robin start: clients spread their first calls over the nodes.
         self._rr = random.randrange(len(self.endpoints))
 
@@ -35,6 +40,9 @@ class Routes:
         self._rr += 1
         rot = self._rr % len(self.endpoints)
         order = self.endpoints[rot:] + self.endpoints[:rot]
+        if self._suspect:
+            now = time.monotonic()
+            order.sort(key=lambda a: self._suspect.get(a, 0.0) > now)     # stable: suspects last
         leader = self._leaders.get(group) if group is not None else None
         if leader:
             order = [leader] + [a for a in order if a != leader]
@@ -50,8 +58,11 @@ class Routes:
 
         A not-leader answer with a hint moves the route there. Any other
         retriable error (no hint, node down, timed out) drops a route that
-        pointed at ``address``: the next try asks around.
+        pointed at ``address``: the next try asks around. A node that did not
+        answer (down, timed out) is tried last for ``SUSPECT_S``.
         """
+        if isinstance(err, (Unavailable, DeadlineExceeded)) and not isinstance(err, NotLeader):
+            self._suspect[address] = time.monotonic() + SUSPECT_S
         if group is None:
             return None
         if isinstance(err, NotLeader) and err.leader:

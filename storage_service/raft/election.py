@@ -33,8 +33,12 @@ deposes a healthy leader. This mixin (``RaftGroup`` inherits it) adds:
 """
 from __future__ import annotations
 
+import itertools
 import math
-import time
+
+# pysyncobj's own clock (CLOCK_MONOTONIC_RAW on Linux), not time.monotonic: this
+# module compares its times with pysyncobj's election deadlines and response times.
+from pysyncobj.monotonic import monotonic as _now
 
 __all__ = ["LEASE_FRACTION", "LeaseElection"]
 
@@ -53,12 +57,14 @@ class LeaseElection:
     def _init_election(self, min_timeout: float) -> None:
         self._min_timeout = min_timeout
         self._lease_span = min_timeout * LEASE_FRACTION
-        self._leader_contact = time.monotonic()   # just started: as if a leader was heard now
+        self._leader_contact = _now()   # just started: as if a leader was heard now
         self._echo: tuple[int, float] | None = None     # (term, leader's stamp) last received
         self._acked: dict = {}                    # node -> (term, stamp echoed to us)
-        self._prevote: tuple[int, set] | None = None    # (term asked for, nodes that said yes)
-        self._prevote_won = False
+        self._prevote: tuple[int, int, set] | None = None   # (term asked for, round, nodes that said yes)
+        self._prevote_won: int | None = None      # the term a won pre-vote lets this node start
         self._transfer_election = False
+        self._transfer_term = -1         # a term in which this leader handed leadership on
+        self._rounds = itertools.count(1)
         self.prevotes_started = 0
         self.votes_ignored = 0
         transport = self._SyncObj__transport
@@ -67,9 +73,14 @@ class LeaseElection:
         def stamped(node, message):
             kind = message.get("type")
             if kind == "append_entries":
-                message["lt"] = time.monotonic()
+                message["lt"] = _now()
             elif kind == "request_vote" and self._transfer_election:
                 message["transfer"] = True
+            elif kind == "timeout_now":
+                # Leadership transfer: the target may win at once (its vote requests
+                # pass stickiness), so this leader's lease ends now.
+                self._transfer_term = self.raftCurrentTerm
+                self._acked.clear()
             return send(node, message)
 
         transport.send = stamped
@@ -77,7 +88,7 @@ class LeaseElection:
     # ------------------------------------------------------------- lease
     def lease_expiry(self) -> float:
         """Monotonic time until which this leader's lease runs (0.0: none)."""
-        if self._SyncObj__raftState != _LEADER:
+        if self._SyncObj__raftState != _LEADER or self._transfer_term == self.raftCurrentTerm:
             return 0.0
         others = self._SyncObj__otherNodes
         need = (len(others) + 1) // 2          # followers needed with the leader for a majority
@@ -92,15 +103,15 @@ class LeaseElection:
     def read_ready(self) -> bool:
         """May this node answer a read as the leader: no newer leader can exist,
         and every entry committed before the read began is applied here."""
-        if self._SyncObj__raftState != _LEADER or time.monotonic() >= self.lease_expiry():
+        if self._SyncObj__raftState != _LEADER or _now() >= self.lease_expiry():
             return False
         noop = self._SyncObj__noopIDx
         return noop is not None and self.raftLastApplied >= noop
 
     def _heard_from_leader(self) -> bool:
         if self._SyncObj__raftState == _LEADER:
-            return time.monotonic() < self.lease_expiry()
-        return time.monotonic() - self._leader_contact < self._min_timeout
+            return _now() < self.lease_expiry()
+        return _now() - self._leader_contact < self._min_timeout
 
     @property
     def leader_hint(self) -> str | None:
@@ -108,7 +119,7 @@ class LeaseElection:
         if self._SyncObj__raftState == _LEADER:
             return self.selfNode.address
         leader = self._getLeader()
-        if leader is None or time.monotonic() - self._leader_contact >= self._min_timeout:
+        if leader is None or _now() - self._leader_contact >= self._min_timeout:
             return None
         return leader.address
 
@@ -117,9 +128,14 @@ class LeaseElection:
         """Our messages and rules before pysyncobj's; True if the message is consumed."""
         kind = message.get("type")
         if kind == "append_entries":
+            if message["term"] < self.raftCurrentTerm:
+                # pysyncobj ignores it without a word, so a leader never learns that
+                # a follower's term moved on; tell it (it steps down: _adopt_term).
+                self._SyncObj__transport.send(node, {"type": "term_ahead", "term": self.raftCurrentTerm})
+                return False
             if message["term"] >= self.raftCurrentTerm:
-                self._leader_contact = time.monotonic()
-                self._prevote, self._prevote_won = None, False
+                self._leader_contact = _now()
+                self._prevote, self._prevote_won = None, None
                 if "lt" in message:
                     self._echo = (message["term"], message["lt"])
             return False
@@ -137,7 +153,19 @@ class LeaseElection:
         if kind == "pre_vote_response":
             self._count_prevote(node, message)
             return True
+        if kind == "term_ahead":
+            self._adopt_term(message["term"])
+            return True
         return False
+
+    def _adopt_term(self, term: int) -> None:
+        """A peer is in a later term: follow it (raft's rule for any message of a
+        higher term), so a node whose term ran ahead is not shut out for good."""
+        if term > self.raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(0)            # FOLLOWER
+            self._SyncObj__raftLeader = None
+            self._prevote, self._prevote_won = None, None
 
     def _note_echo(self, node, message) -> None:
         term, lt = message.get("term"), message.get("lt")
@@ -146,7 +174,7 @@ class LeaseElection:
         prev = self._acked.get(node)
         if prev is None or prev[0] != term or prev[1] < lt:
             self._acked[node] = (term, lt)
-        self._SyncObj__lastResponseTime[node] = time.monotonic()
+        self._SyncObj__lastResponseTime[node] = _now()
 
     def send_lease_ack(self, node, term: int) -> None:
         """The echo alone, now: the reply it would ride on is held back or a refusal."""
@@ -166,15 +194,18 @@ class LeaseElection:
         granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader()
                    and (message["last_log_term"], message["last_log_index"]) >= self._log_position())
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message["term"],
-                                             "granted": granted})
+                                             "round": message.get("round"), "granted": granted,
+                                             "voter_term": self.raftCurrentTerm})
 
     def _count_prevote(self, node, message) -> None:
+        if message.get("voter_term", 0) >= message.get("term", 0):
+            self._adopt_term(message["voter_term"])        # we are behind: catch up first
         pv = self._prevote
-        if pv is None or message.get("term") != pv[0] or not message.get("granted"):
+        if pv is None or (message.get("term"), message.get("round")) != pv[:2] or not message.get("granted"):
             return
-        pv[1].add(node)
-        if len(pv[1]) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2:
-            self._prevote, self._prevote_won = None, True
+        pv[2].add(node)
+        if len(pv[2]) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2:
+            self._prevote, self._prevote_won = None, self.raftCurrentTerm + 1
             self._SyncObj__raftElectionDeadline = 0.0      # pysyncobj's election, next tick
             self.wake()
 
@@ -185,19 +216,22 @@ class LeaseElection:
         self._transfer_election = False
         if self._SyncObj__raftState == _LEADER or self._SyncObj__selfNode is None:
             return
-        now = time.monotonic()
+        now = _now()
         if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
             return
-        if self._prevote_won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes:
+        won = self._prevote_won == self.raftCurrentTerm + 1      # won for the term it would start
+        if won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes:
             self._transfer_election = bool(self._SyncObj__transferInProgress)
-            self._prevote_won = False
+            self._prevote_won = None
             return                                # pysyncobj elects in this tick
+        self._prevote_won = None
         term = self.raftCurrentTerm + 1
-        self._prevote = (term, set())
+        rnd = next(self._rounds)
+        self._prevote = (term, rnd, set())
         self.prevotes_started += 1
         self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
         self._SyncObj__raftLeader = None          # not heard from: no longer named as leader
         last_term, last_idx = self._log_position()
         for other in self._SyncObj__otherNodes:
-            self._SyncObj__transport.send(other, {"type": "pre_vote", "term": term,
+            self._SyncObj__transport.send(other, {"type": "pre_vote", "term": term, "round": rnd,
                                                   "last_log_index": last_idx, "last_log_term": last_term})

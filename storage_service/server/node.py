@@ -255,7 +255,7 @@ class StorageNode:
                 return True
             if left <= 0:
                 return False
-            if not raft.is_leader:
+            if not raft.is_leader and not wait(0):     # done meanwhile: that is the outcome
                 raise NotLeader(raft.group_id, self.leader_of(raft.group_id),
                                 "lost the leadership while the write was pending; the outcome is "
                                 "unknown: retry (with the same producer id and sequence)")

@@ -11,7 +11,7 @@ import pytest
 from rmq_spark.client import (DeadlineExceeded, InternalError, InvalidArgument, NotFound,
                               NotLeader, RmqError, Unavailable)
 from rmq_spark.client._produce_wire import WireCallError
-from rmq_spark.client._routing import MAX_DELAY, RetryClock, Routes
+from rmq_spark.client._routing import SUSPECT_S, MAX_DELAY, RetryClock, Routes
 from rmq_spark.client.errors import from_rpc_error, from_status
 from storage_service.protocol.errors import LEADER_METADATA_KEY
 
@@ -71,10 +71,25 @@ def test_routes_drop_a_route_on_a_failure_of_that_node_only():
     r.learn(1, NotLeader("x", leader="b:2"), "a:1")
     assert r.learn(1, Unavailable("down"), "a:1") is None and r.target(1) == "b:2"
     assert r.learn(1, DeadlineExceeded("slow"), "b:2") is None
-    assert {r.target(1) for _ in range(len(NODES))} == set(NODES)      # asking around again
-    r.learn(1, NotLeader("x", leader="b:2"), "a:1")
+    # asking around again, the two nodes that did not answer last
+    assert {r.target(1) for _ in range(len(NODES))} == {"c:3"}
+    assert r.candidates(1)[1:] in (["a:1", "b:2"], ["b:2", "a:1"])
+    r.learn(1, NotLeader("x", leader="b:2"), "a:1")                      # a fresh hint wins
+    assert r.target(1) == "b:2"
     r.learn(1, NotLeader("no hint"), "c:3")                              # nobody knows
-    assert {r.target(1) for _ in range(len(NODES))} == set(NODES)
+    assert {r.target(1) for _ in range(len(NODES))} == {"c:3"}
+
+
+def test_a_node_that_did_not_answer_is_tried_last_for_a_while(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    r = Routes(NODES)
+    r.learn(None, Unavailable("connection refused"), "a:1")
+    assert all(r.candidates(None)[-1] == "a:1" for _ in range(len(NODES)))
+    r.learn(None, NotLeader("no hint"), "b:2")                           # it answered: not suspect
+    assert all(r.candidates(None)[-1] == "a:1" for _ in range(len(NODES)))
+    now[0] += SUSPECT_S
+    assert {r.candidates(None)[-1] for _ in range(len(NODES))} == set(NODES)   # trusted again
 
 
 def test_candidates_rotate_without_a_route():

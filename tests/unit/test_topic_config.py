@@ -84,10 +84,13 @@ def test_archive_watermarks_move_only_under_the_current_tier_lease():
     assert m.apply(7, SetWatermark("t", "archive_earliest", {0: 20}, 2).encode())[0] == "error"
     assert m.apply(8, SetWatermark("t", "archive", {0: 20}, 6).encode()) == ("ok", None)
     assert m.watermark("t", "archive") == {0: 20} and m.watermark("t", "archive_earliest") == {}
-    # released: nobody's token moves it; compaction watermarks are not fenced
+    # released: the token stays job-b's (its checkpoint restarted keeps it) until another
+    # owner takes the lease; then job-b's token moves nothing. Compaction watermarks are not fenced.
     m.apply(9, Lease("t", "tier", "job-b", 0, 41_000).encode())
-    assert m.apply(10, SetWatermark("t", "archive", {0: 30}, 6).encode())[0] == "error"
-    assert m.apply(11, SetWatermark("t", "compaction", {0: 3}).encode()) == ("ok", None)
+    assert m.apply(10, SetWatermark("t", "archive", {0: 30}, 6).encode()) == ("ok", None)
+    assert m.apply(11, Lease("t", "tier", "job-c", 30_000, 42_000).encode())[1][3] == 11
+    assert m.apply(12, SetWatermark("t", "archive", {0: 40}, 6).encode())[0] == "error"
+    assert m.apply(13, SetWatermark("t", "compaction", {0: 3}).encode()) == ("ok", None)
 
 
 def test_wave1_watermark_entries_replay_unfenced_and_wave1_leases_get_token_zero():
