@@ -177,9 +177,11 @@ class _Recorder:
 
     def __init__(self):
         self.calls = []
+        self.timeouts = []
 
     def __call__(self, request, timeout=None):
         self.calls.append(len(request.batches))
+        self.timeouts.append(timeout)
         fut = __import__("concurrent.futures").futures.Future()
         fut.set_result(rmq_pb2.ProduceBatchesResponse())
         return fut
@@ -199,6 +201,25 @@ def test_a_node_without_a_produce_port_is_asked_over_grpc():
     t.future(req, timeout=5).result(5)          # remembered: not tried again at once
     assert grpc_call.calls == [1, 1]
     t.close()
+
+
+def test_a_fallback_after_a_silent_produce_port_gets_only_what_is_left_of_the_attempt():
+    """A node whose port takes the connection but never says hello (cut off, paused):
+    the gRPC fallback gets what is left of the call's timeout, not a whole one more
+    (issue 18: a cut-off leader cost a produce the connect timeout plus an attempt)."""
+    srv = socket.create_server(("127.0.0.1", 0))                # accepts, never answers
+    grpc_call = _Recorder()
+    t = ProduceTransport(f"127.0.0.1:{srv.getsockname()[1]}", fallback=grpc_call)
+    req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
+    try:
+        t0 = time.monotonic()
+        t.future(req, timeout=1.0).result(5)
+        spent = time.monotonic() - t0
+        assert grpc_call.calls == [1] and spent >= 0.9
+        assert grpc_call.timeouts[0] <= 1.0 - spent + 0.05
+    finally:
+        t.close()
+        srv.close()
 
 
 def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():

@@ -248,15 +248,18 @@ class ProduceTransport:
             return _failed(grpc.StatusCode.CANCELLED, "client closed")
         if time.monotonic() < self._fallback_until or request.ByteSize() > MAX_FRAME:
             return self._fallback(request, timeout=timeout)     # too big: gRPC says so precisely
+        deadline = time.monotonic() + timeout
         try:
             conn = self._connection(timeout)
         except (OSError, WireProtocolError) as e:
             # Refused, not our protocol (another server on the port, or a node at its
-            # connection limit), or no hello in time: gRPC on that node may still work.
+            # connection limit), or no hello in time: gRPC on that node may still work,
+            # within what is left of this attempt (a node cut off from the network
+            # must not cost the connect timeout and then a whole attempt more).
             log.info("produce port %s: %s; ProduceBatches over gRPC for %.0f s",
                      self.address, e, FALLBACK_SECONDS)
             self._fallback_until = time.monotonic() + FALLBACK_SECONDS
-            return self._fallback(request, timeout=timeout)
+            return self._fallback(request, timeout=max(0.01, deadline - time.monotonic()))
         try:
             fut = conn.call(request.SerializeToString(), timeout)
         except OSError as e:
