@@ -183,6 +183,7 @@ class _Run:
     rng: random.Random
     parted: list[list] = field(default_factory=list)   # [cut time, group whose leader was parted, heal time]
     kept: dict[int, tuple[int, int]] = field(default_factory=dict)   # group -> (leader, term) that kept a majority
+    log: Callable[[str], None] = print
 
 
 def _leaders(run: _Run) -> dict[int, tuple[int, int]]:
@@ -246,7 +247,9 @@ def _check_heal(run: _Run) -> None:
         run.report.heals_checked += 1
         if now.get(g) != lead:
             run.report.deposed_on_heal += 1
-            run.report.faults.append(f"group {g}: leader/term {lead} changed after the heal: {now.get(g)}")
+            what = f"group {g}: leader/term {lead} changed after the heal: {now.get(g)}"
+            run.report.faults.append(what)
+            run.log(f"  {run.report.scenario}: {what}")
     run.kept = {}
 
 
@@ -295,7 +298,7 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     # groups: a producer stuck on a cut group must not hide another group's progress.
     prods = [_AckingProducer(client, topic, 2 * k + kind, qs, stop, report, lock, acks=acks, group=g)
              for k, (g, qs) in enumerate(sorted(by_group.items())) for kind in (0, 1)]
-    run = _Run(cluster.net, cluster, client, sorted(by_group), report, random.Random(seed))
+    run = _Run(cluster.net, cluster, client, sorted(by_group), report, random.Random(seed), log=log)
     reader = threading.Thread(target=_leader_reader, args=(cluster.endpoints, topic, acks, stop, report), daemon=True)
     faults = threading.Thread(target=_faults, args=(run, scenario, fault_stop), daemon=True)
     for t in (*prods, reader):

@@ -34,6 +34,7 @@ deposes a healthy leader. This mixin (``RaftGroup`` inherits it) adds:
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 
 # pysyncobj's own clock (CLOCK_MONOTONIC_RAW on Linux), not time.monotonic: this
@@ -41,6 +42,8 @@ import math
 from pysyncobj.monotonic import monotonic as _now
 
 __all__ = ["LEASE_FRACTION", "LeaseElection"]
+
+log = logging.getLogger(__name__)
 
 # Of the minimum election timeout: what a lease may use of it. The rest
 # covers clock-rate differences between nodes and the time a message takes.
@@ -162,6 +165,8 @@ class LeaseElection:
         """A peer is in a later term: follow it (raft's rule for any message of a
         higher term), so a node whose term ran ahead is not shut out for good."""
         if term > self.raftCurrentTerm:
+            log.info("group %d: a peer is in term %d (this node was in %d): following it",
+                     self.group_id, term, self.raftCurrentTerm)
             self._SyncObj__setCurrentTerm(term, None)
             self._SyncObj__setState(0)            # FOLLOWER
             self._SyncObj__raftLeader = None

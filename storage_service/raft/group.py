@@ -104,6 +104,7 @@ class RaftGroup(LeaseElection, SyncObj):
             # A leader no majority answered for an election timeout steps down
             # (pysyncobj's default, 30 s, kept a cut-off leader taking writes).
             leaderFallbackTimeout=timing.min_timeout,
+            onStateChanged=self._state_changed,
             # Send appends as soon as a command is queued (pysyncobj then wakes
             # its poller through a pipe) instead of waiting for the next
             # heartbeat: group commit already makes the entries big.
@@ -129,6 +130,13 @@ class RaftGroup(LeaseElection, SyncObj):
         else:
             self._thread = None
             loop.add(self)
+
+    _STATES = ("follower", "candidate", "leader")
+
+    def _state_changed(self, old: int, new: int) -> None:
+        """pysyncobj's state callback (tick thread): leadership changes in the node's log."""
+        log.info("group %d: %s -> %s in term %d", self.group_id, self._STATES[old], self._STATES[new],
+                 self.raftCurrentTerm)
 
     # ------------------------------------------------------------- journal
     def _install_journal(self, journal: DurableJournal) -> None:

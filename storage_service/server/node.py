@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 # How long a leader read waits for the leader's lease to be confirmed (a new
 # leader's first heartbeat round trip) before it answers not-leader.
 READ_LEASE_WAIT = 0.3
+# Snapshot catch-up from peers (fetch_from_peers): the whole wait, and how long the
+# leader alone is asked before the other peers are asked too.
+PEER_FETCH_S = 30.0
+PEER_HEDGE_S = 0.5
 
 
 def _settled(fut: Future, timeout: float) -> bool:
@@ -281,20 +286,53 @@ class StorageNode:
         return rmq_pb2_grpc.MessageLogStub(ch)
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:
-        """Committed batches [start, end) of a queue from any peer that has them."""
+        """Committed batches [start, end) of a queue from any peer that has them.
+
+        Runs on the raft thread (a snapshot install), so it must not wait on a
+        peer that cannot answer (cut off, paused): while it waits, none of the
+        node's groups ticks, and the peers count this node as gone. The
+        group's leader is asked first; if it has not answered within
+        ``PEER_HEDGE_S`` the other peers are asked too, and the first
+        non-empty answer wins.
+        """
         topic, _, q = parse_queue_dir(qname)
         leader = self.leader_of(self.group_of(topic, q))
         peers = [a for a in self.config.addresses if a != self.config.address]
         peers.sort(key=lambda a: a != leader)
-        last_error = None
-        for addr in peers:
+        req = rmq_pb2.ReplicaFetchRequest(queue_dir=qname, offset=start, end_offset=end, max_bytes=8 << 20)
+        answers: queue.Queue = queue.Queue()
+        asked: list = []
+
+        def ask(addresses) -> None:
+            for addr in addresses:
+                fut = self.stub(addr).ReplicaFetch.future(req, timeout=PEER_FETCH_S)
+                fut.add_done_callback(answers.put)
+                asked.append(fut)
+
+        deadline = time.monotonic() + PEER_FETCH_S
+        ask(peers[:1])
+        answered, last_error = 0, None
+        while answered < len(asked):
+            hedged = len(asked) == len(peers)
             try:
-                resp = self.stub(addr).ReplicaFetch(rmq_pb2.ReplicaFetchRequest(
-                    queue_dir=qname, offset=start, end_offset=end, max_bytes=8 << 20), timeout=30)
-                if resp.batches:
-                    return resp.batches
+                fut = answers.get(timeout=max(0.0, deadline - time.monotonic()) if hedged else PEER_HEDGE_S)
+            except queue.Empty:
+                if hedged:
+                    break
+                ask(peers[len(asked):])                    # the leader is slow: ask the rest too
+                continue
+            answered += 1
+            try:
+                batches = fut.result().batches
             except grpc.RpcError as e:
-                last_error = e
+                last_error, batches = e, b""
+            if batches:
+                for other in asked:
+                    other.cancel()
+                return batches
+            ask(peers[len(asked):])                        # no luck there: ask the rest now
+        for fut in asked:
+            fut.cancel()
         log.warning("catch-up of %s [%d, %d): no peer could serve it (%s)", qname, start, end, last_error)
         return b""
 
