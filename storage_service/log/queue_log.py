@@ -10,13 +10,16 @@ numbers per segment: indexes stay on disk and are read on lookup.
 from __future__ import annotations
 
 import bisect
+import errno
 import logging
 import mmap
 import os
 import threading
+import time
 
 from ..protocol import framing
-from .durability import drop_pages, fsync_dir
+from .durability import drop_pages, fatal, fsync_dir
+from .handles import OpenFiles
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, open_sealed, read_pairs,
                       read_segment, recover_tail, segment_name, span_in, write_pairs)
 
@@ -36,9 +39,11 @@ class QueueLog:
 
     def __init__(self, path: str, segment_bytes: int = 64 << 20,
                  index_interval: int = 64 << 10, fsync: bool = True,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, files: OpenFiles | None = None):
         """``cache_bytes``: how much of the active segment's synced tail stays in
-        the page cache for readers that follow the log (``sync_behind``)."""
+        the page cache for readers that follow the log (``sync_behind``).
+        ``files``: the node's budget of open files (``handles.py``); the log opens
+        its files when it is used and closes them when the budget needs them."""
         self.path = path
         self.segment_bytes = segment_bytes
         self.cache_bytes = cache_bytes
@@ -55,6 +60,8 @@ class QueueLog:
         self._dirty = False
         self._appends = 0     # appends so far (sync_behind: was anything written meanwhile?)
         self._uncached = 0    # active segment: bytes below this were dropped from the page cache
+        self.files = files
+        self.last_use = 0.0   # monotonic time of the last append or read (least used closes first)
         os.makedirs(path, exist_ok=True)
         self._open()
 
@@ -71,7 +78,6 @@ class QueueLog:
         else:
             self._new_segment(self._earliest)
         self._earliest = max(self._earliest, self.segments[0].base)
-        self._open_writer()
 
     def _finish_swaps(self) -> None:
         """Complete a compaction swap cut short by a crash, or drop its leftovers.
@@ -121,20 +127,56 @@ class QueueLog:
         return seg
 
     def _open_writer(self) -> None:
+        """Open the active segment's files for appends (lock held).
+
+        The index files stay open too: opening them per batch was a visible
+        share of apply when most batches cross an index interval.
+        """
         self._close_writer()
-        self._uncached = 0        # a new active segment: nothing of it dropped yet
         seg = self.segments[-1]
-        self._wfd = os.open(seg.file("log"), os.O_WRONLY | os.O_APPEND)
-        # The index files stay open too: opening them per batch was a visible
-        # share of apply when most batches cross an index interval.
-        self._ifd = os.open(seg.file("idx"), os.O_WRONLY | os.O_APPEND)
-        self._tfd = os.open(seg.file("tix"), os.O_WRONLY | os.O_APPEND)
+        fds = []
+        try:
+            for ext in ("log", "idx", "tix"):
+                fds.append(os.open(seg.file(ext), os.O_WRONLY | os.O_APPEND))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._wfd, self._ifd, self._tfd = fds
+        self._note_files()
 
     def _close_writer(self) -> None:
         for fd in (self._wfd, self._ifd, self._tfd):
             if fd is not None:
                 os.close(fd)
         self._wfd = self._ifd = self._tfd = None
+
+    # ------------------------------------------------------------ open files
+    def _open_count(self) -> int:
+        return (3 if self._wfd is not None else 0) + sum(1 for seg in self.segments if seg.fd is not None)
+
+    def _note_files(self) -> None:
+        if self.files is not None:
+            self.files.changed(self, self._open_count())
+
+    def release_files(self) -> bool:
+        """Close every file this log holds open, after syncing what it wrote; the
+        next append or read opens them again. False (nothing done) while another
+        thread holds the log: the caller never waits on it."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            try:
+                self.sync()
+            except OSError as e:           # a failed sync is never retried over lost pages
+                fatal(f"queue {self.path}: segment sync failed ({e})")
+            self._close_writer()
+            for seg in self.segments:
+                seg.close()
+            self._note_files()
+            return True
+        finally:
+            self.lock.release()
 
     # ----------------------------------------------------------- properties
     @property
@@ -173,6 +215,9 @@ class QueueLog:
         with self.lock:
             if h.base_offset != self.next_offset and not (gap_ok and h.base_offset > self.next_offset):
                 raise ValueError(f"append at {h.base_offset} but queue {self.path} is at {self.next_offset}")
+            self.last_use = time.monotonic()
+            if self._wfd is None:
+                self._open_writer()
             seg = self.segments[-1]
             if seg.size >= self.segment_bytes:
                 self._roll()
@@ -251,6 +296,7 @@ class QueueLog:
             seg.close()
             seg.size = pos
             seg.first_ts = first_ts
+            self._note_files()
         return True
 
     def _roll(self) -> None:
@@ -258,6 +304,7 @@ class QueueLog:
         if self.fsync_enabled:    # a sealed segment is read rarely: all of it leaves the cache
             drop_pages(self._wfd, 0, 0)
         self._new_segment(self.next_offset)
+        self._uncached = 0        # a new active segment: nothing of it dropped yet
         self._open_writer()
 
     def sync(self) -> None:
@@ -280,7 +327,13 @@ class QueueLog:
             if not (self._dirty and self._wfd is not None and self.fsync_enabled):
                 return
             seg = self.segments[-1]
-            fd, appends, synced = os.dup(self._wfd), self._appends, seg.size
+            try:
+                fd = os.dup(self._wfd)
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    return            # no descriptor to spare now: not a disk error; next round
+                raise
+            appends, synced = self._appends, seg.size
         try:
             os.fdatasync(fd)
             with self.lock:
@@ -328,6 +381,8 @@ class QueueLog:
                     except FileNotFoundError:
                         pass
                 dropped += 1
+            if dropped:
+                self._note_files()
             return dropped
 
     def _batch_start(self, offset: int) -> int:
@@ -348,11 +403,13 @@ class QueueLog:
                         os.unlink(seg.file(ext))
                     except FileNotFoundError:
                         pass
+            self._close_writer()
             self.segments = []
             self._earliest = start
             self._write_earliest(start)
             self._new_segment(start)
-            self._open_writer()
+            self._uncached = 0
+            self._note_files()
 
     def close(self) -> None:
         with self.lock:
@@ -360,6 +417,7 @@ class QueueLog:
             self._close_writer()
             for seg in self.segments:
                 seg.close()
+            self._note_files()
 
     # ---------------------------------------------------------------- reads
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -408,7 +466,11 @@ class QueueLog:
                 seg = self.segments[i]
                 following = self.segments[i + 1].base if i + 1 < len(self.segments) else None
                 # A private fd: compaction or retention may close the segment's.
+                self.last_use = time.monotonic()
+                opened = seg.fd is None
                 fd = os.dup(seg.open_fd())
+                if opened:
+                    self._note_files()
                 size = seg.size
                 idx = read_pairs(seg.file("idx"), IDX_ENTRY)
             try:

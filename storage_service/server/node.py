@@ -19,6 +19,7 @@ import grpc
 
 from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
 from ..log.dirlock import DirectoryLock
+from ..log.handles import OpenFiles, open_files_limit
 from ..log.retention import SegmentInfo, retention_cutoff
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
@@ -66,6 +67,7 @@ class NodeConfig:
     retention_interval: float = 5.0
     segment_sync_interval: float = 0.25
     commit_timeout: float = 10.0
+    max_open_files: int = 0             # segment files held open; 0: half the process's fd limit
     timing: RaftTiming = field(default_factory=RaftTiming)
 
     @property
@@ -95,11 +97,13 @@ class StorageNode:
         self.committers: dict[int, GroupCommitter] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        self.files = OpenFiles(open_files_limit(config.max_open_files))
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}")
         self.groups[META_GROUP] = self._raft(META_GROUP, self.meta)
         for g in range(1, config.groups + 1):
             st = DataState(os.path.join(config.data_dir, f"group-{g}", "queues"),
-                           fsync=config.fsync == "always", segment_bytes=config.segment_bytes)
+                           fsync=config.fsync == "always", segment_bytes=config.segment_bytes,
+                           files=self.files)
             st.fetch_range = self.fetch_from_peers
             self.states[g] = st
             self.groups[g] = self._raft(g, st)

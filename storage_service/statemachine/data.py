@@ -25,6 +25,7 @@ import time
 from typing import Callable
 
 from ..log.durability import fatal
+from ..log.handles import OpenFiles
 from ..log.queue_log import QueueLog
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
@@ -59,8 +60,10 @@ def parse_queue_dir(name: str) -> tuple[str, str, int]:
 
 
 class DataState:
-    def __init__(self, root: str, fsync: bool = True, segment_bytes: int = 64 << 20):
+    def __init__(self, root: str, fsync: bool = True, segment_bytes: int = 64 << 20,
+                 files: OpenFiles | None = None):
         self.fetch_range: FetchRange | None = None   # set by the node: peer catch-up
+        self.files = files          # the node's open-file budget, shared by its groups
         self.root = root
         self.fsync = fsync
         self.segment_bytes = segment_bytes
@@ -75,7 +78,7 @@ class DataState:
                 self.queues[name] = self._open(name)
 
     def _open(self, name: str) -> QueueLog:
-        return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync)
+        return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files)
 
     def queue(self, name: str, create: bool = False) -> QueueLog | None:
         q = self.queues.get(name)
