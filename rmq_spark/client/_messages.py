@@ -78,4 +78,4 @@ def topic_config(c: rmq_pb2.TopicConfig) -> dict:
                 retention_bytes=c.retention_bytes, cleanup_policy=c.cleanup_policy, tier=c.tier,
                 local_retention_ms=c.local_retention_ms, delete_retention_ms=c.delete_retention_ms,
                 min_compaction_lag_ms=c.min_compaction_lag_ms, compacted_table=c.compacted_table,
-                incarnation=c.incarnation, created_ms=c.created_ms)
+                incarnation=c.incarnation, created_ms=c.created_ms, queue_groups=list(c.queue_groups))

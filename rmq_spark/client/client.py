@@ -72,6 +72,8 @@ class Client:
         self._stubs: dict[str, rmq_pb2_grpc.MessageLogStub] = {}
         self._routes = Routes(self.endpoints)
         self._groups: int | None = None
+        # topic -> (queues, data group of each queue) as its config records them
+        self._placement: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._lock = threading.Lock()
         self._client_id = producer_id or uuid.uuid4().hex[:16]
         self._local = threading.local()
@@ -160,7 +162,17 @@ class Client:
         return self._groups
 
     def group_of(self, topic: str, queue: int) -> int:
-        return group_of(topic, queue, self.groups())
+        """The data group of a queue, as the topic's config records it (asked once
+        per topic, and again when a queue past the known count is asked for)."""
+        placed = self._placement.get(topic)
+        if placed is None or queue >= placed[0]:
+            self.describe_topic(topic)
+            placed = self._placement[topic]
+        return group_of(topic, queue, self.groups(), placed[1])
+
+    def _note_placement(self, cfg: dict) -> dict:
+        self._placement[cfg["name"]] = (cfg["queues"], tuple(cfg.get("queue_groups") or ()))
+        return cfg
 
     # -------------------------------------------------------------- topics
     def create_topic(self, name: str, queues: int = 4, retention_ms: int = 0,
@@ -176,7 +188,7 @@ class Client:
                                   delete_retention_ms=delete_retention_ms,
                                   min_compaction_lag_ms=min_compaction_lag_ms)
         resp = self.call("CreateTopic", rmq_pb2.CreateTopicRequest(config=cfg), group=META_GROUP)
-        return topic_config(resp.config)
+        return self._note_placement(topic_config(resp.config))
 
     def alter_topic(self, name: str, retention_ms: int | None = None, retention_bytes: int | None = None,
                     tier: str | None = None, local_retention_ms: int | None = None,
@@ -195,10 +207,11 @@ class Client:
                              ("compacted_table", compacted_table)):
             if value is not None:
                 setattr(req, field, value)
-        return topic_config(self.call("AlterTopic", req, group=META_GROUP).config)
+        return self._note_placement(topic_config(self.call("AlterTopic", req, group=META_GROUP).config))
 
     def delete_topic(self, name: str) -> None:
         self.call("DeleteTopic", rmq_pb2.DeleteTopicRequest(name=name), group=META_GROUP)
+        self._placement.pop(name, None)
 
     def list_topics(self) -> list[dict]:
         return [topic_config(t) for t in self.call("ListTopics", rmq_pb2.ListTopicsRequest(),
@@ -207,7 +220,7 @@ class Client:
     def describe_topic(self, name: str) -> dict:
         # The metadata leader has applied every topic change it acknowledged.
         resp = self.call("DescribeTopic", rmq_pb2.DescribeTopicRequest(name=name), group=META_GROUP)
-        d = topic_config(resp.config)
+        d = self._note_placement(topic_config(resp.config))
         d["queue_info"] = [dict(queue=q.queue, group=q.group, earliest=q.earliest, latest=q.latest,
                                 size_bytes=q.size_bytes, archived=q.protected_offset, leader=q.leader,
                                 archive_earliest=q.archive_earliest, compacted=q.compacted)

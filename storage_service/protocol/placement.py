@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import zlib
+from typing import Sequence
 
-__all__ = ["GRPC_OPTIONS", "META_GROUP", "group_of", "produce_address", "raft_address"]
+__all__ = ["GRPC_OPTIONS", "META_GROUP", "assign_groups", "group_of", "legacy_group", "produce_address",
+           "raft_address"]
 
 META_GROUP = 0
 # gRPC options of every channel and server: big messages (fetches of up to
@@ -15,9 +17,32 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 128 << 20),
                 ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
-def group_of(topic: str, queue: int, groups: int) -> int:
-    """Data group (1..groups) of a queue: a stable hash of (topic, queue)."""
+def group_of(topic: str, queue: int, groups: int, assigned: Sequence[int] = ()) -> int:
+    """Data group (1..groups) of a queue: the one the metadata group recorded for
+    it (``assigned``: the topic's ``queue_groups``), else, for a topic created
+    before placement was recorded, ``legacy_group``."""
+    if 0 <= queue < len(assigned):
+        return assigned[queue]
+    return legacy_group(topic, queue, groups)
+
+
+def legacy_group(topic: str, queue: int, groups: int) -> int:
+    """The placement of topics created before it was recorded: a CRC of
+    "topic/queue". CRC is linear, so the last byte decides the low bits: the
+    queues of a 4-queue topic landed in 2 of 4 groups whatever the topic's name."""
     return 1 + zlib.crc32(f"{topic}/{queue}".encode()) % groups
+
+
+def assign_groups(load: dict[int, int], groups: int, count: int) -> list[int]:
+    """Groups for ``count`` new queues: each to the data group holding the fewest
+    queues (``load``: group -> queues, updated here), ties to the lowest number.
+    Deterministic, so every metadata replica records the same."""
+    out = []
+    for _ in range(count):
+        g = min(range(1, groups + 1), key=lambda k: (load.get(k, 0), k))
+        load[g] = load.get(g, 0) + 1
+        out.append(g)
+    return out
 
 
 def raft_address(grpc_address: str, group: int) -> str:

@@ -91,7 +91,7 @@ class StorageNode:
         self.started = time.time()
         self._raft_to_grpc = {raft_address(a, g): a
                               for a in config.addresses for g in range(config.groups + 1)}
-        self.meta = MetaState()
+        self.meta = MetaState(config.groups)
         self.groups: dict[int, RaftGroup] = {}
         self.states: dict[int, DataState] = {}
         self.committers: dict[int, GroupCommitter] = {}
@@ -155,8 +155,12 @@ class StorageNode:
             time.sleep(0.005)
         return raft
 
-    def group_of(self, topic: str, queue: int) -> int:
-        return group_of(topic, queue, self.config.groups)
+    def group_of(self, topic: str, queue: int, cfg: dict | None = None) -> int:
+        """The data group of a queue: recorded in the topic's config (``cfg``, else the
+        local metadata replica's), or the hash placement of an older topic."""
+        if cfg is None:
+            cfg = self.meta.topic(topic) or {}
+        return group_of(topic, queue, self.config.groups, cfg.get("queue_groups") or ())
 
     # ----------------------------------------------------------------- topics
     def topic(self, name: str, wait: float = 1.0, queue: int = -1) -> dict:
@@ -202,12 +206,12 @@ class StorageNode:
         return not pending
 
     def queue_log(self, cfg: dict, queue: int, create: bool = False):
-        g = self.group_of(cfg["name"], queue)
+        g = self.group_of(cfg["name"], queue, cfg)
         return g, self.states[g].queue(queue_dir(cfg["name"], cfg["incarnation"], queue), create)
 
     def wait_for_data(self, cfg: dict, queue: int, offset: int, timeout: float):
         """The queue's log once it holds a record at ``offset``, or after ``timeout`` s."""
-        g = self.group_of(cfg["name"], queue)
+        g = self.group_of(cfg["name"], queue, cfg)
         return self.states[g].wait_for_queue(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, timeout)
 
     def meta_command(self, cmd: MetaCommand):
@@ -243,7 +247,7 @@ class StorageNode:
     def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
                        seq: int) -> tuple[int, Future]:
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result."""
-        g = self.group_of(cfg["name"], queue)
+        g = self.group_of(cfg["name"], queue, cfg)
         self.require_leader(g)
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                            int(time.time() * 1000), count, block)
@@ -341,8 +345,7 @@ class StorageNode:
         return b""
 
     def replica_read(self, qname: str, start: int, end: int, max_bytes: int) -> bytes:
-        topic, _, q = parse_queue_dir(qname)
-        ql = self.states[self.group_of(topic, q)].queue(qname)
+        ql = next((q for st in self.states.values() if (q := st.queue(qname)) is not None), None)
         if ql is None:
             return b""
         data = ql.read(start, max_bytes)

@@ -207,7 +207,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
             by_queue.setdefault(q, []).append(m)
         resp = rmq_pb2.ProduceResponse()
         for q, part in sorted(by_queue.items()):
-            g = self.node.group_of(cfg["name"], q)
+            g = self.node.group_of(cfg["name"], q, cfg)
             if self.node.groups[g].is_leader:
                 res = self.node.produce(cfg, q, messages_to_block(part), len(part), "", 0)
                 resp.results.append(self._result(q, res))
@@ -235,7 +235,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         except ValueError as e:
             raise invalid(str(e)) from None
         if not request.allow_follower:       # confirmed before the log is looked at
-            self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue))
+            self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue, cfg))
         g, ql = self.node.queue_log(cfg, request.queue)
         earliest = ql.earliest if ql else 0
         latest = ql.next_offset if ql else 0
@@ -299,7 +299,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         check_queue(cfg, request.queue)
         if request.timestamp < 0:
             raise invalid(f"timestamp {request.timestamp} is negative: use ms since the epoch")
-        self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue))
+        self.node.require_read_leader(self.node.group_of(cfg["name"], request.queue, cfg))
         _, ql = self.node.queue_log(cfg, request.queue)
         off = ql.offset_for_timestamp(request.timestamp) if ql else 0
         return rmq_pb2.OffsetForTimestampResponse(offset=off)

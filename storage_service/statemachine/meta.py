@@ -11,6 +11,7 @@ import json
 import threading
 import uuid
 
+from ..protocol.placement import assign_groups, group_of
 from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetWatermark, UnknownCommand,
                        decode_command)
 
@@ -48,7 +49,10 @@ def queue_growth_error(name: str, have: int, want: int) -> str:
 
 
 class MetaState:
-    def __init__(self):
+    def __init__(self, groups: int = 0):
+        """``groups``: the cluster's data groups, to which new queues are assigned
+        (``placement.assign_groups``); 0 records no placement (hash placement)."""
+        self.groups = groups
         self.topics: dict[str, dict] = {}
         self.offsets: dict[str, dict[str, dict[str, int]]] = {}      # group -> topic -> {q: off}
         self.watermarks: dict[str, dict[str, dict[str, int]]] = {}   # topic -> kind -> {q: off}
@@ -80,8 +84,20 @@ class MetaState:
         # Derived from the raft index so every replica computes the same id.
         full["incarnation"] = uuid.uuid5(uuid.NAMESPACE_OID, f"{name}@{raft_index}").hex[:12]
         full["created_ms"] = created_ms
+        if self.groups:
+            full["queue_groups"] = assign_groups(self._queues_per_group(), self.groups, full["queues"])
         self.topics[name] = full
         return ("ok", full)
+
+    def _queues_per_group(self) -> dict[int, int]:
+        """group -> queues it holds, of every topic (recorded or hash placement)."""
+        load: dict[int, int] = {}
+        for name, cfg in self.topics.items():
+            assigned = cfg.get("queue_groups") or ()
+            for q in range(cfg["queues"]):
+                g = group_of(name, q, self.groups, assigned)
+                load[g] = load.get(g, 0) + 1
+        return load
 
     def _alter_topic(self, raft_index: int, cmd: AlterTopic):
         name, changes = cmd.name, cmd.changes
@@ -92,6 +108,10 @@ class MetaState:
             # Checked here too: two concurrent alters may both pass the servicer.
             return ("error", "INVALID_ARGUMENT", queue_growth_error(name, have, want))
         cfg = {**self.topics[name], **changes}
+        if want is not None and cfg.get("queue_groups"):
+            # New queues of a topic with recorded placement go to the least loaded groups.
+            cfg["queue_groups"] = cfg["queue_groups"] + assign_groups(
+                self._queues_per_group(), self.groups or max(cfg["queue_groups"]), want - have)
         if cfg["cleanup_policy"] == "compact" and "tier" in changes:
             # Wave 1 kept a compact topic's table in tier: an alter of it (replayed
             # from an old journal) sets the table, last one wins, as in a snapshot.
