@@ -57,3 +57,24 @@ def test_nodes_with_fewer_descriptors_than_queue_files_keep_serving(tmp_path):
             assert "Too many open files" not in text and "CRITICAL" not in text, text[-3000:]
     finally:
         cluster.stop()
+
+
+def test_queues_past_the_clusters_limit_are_refused_and_nothing_changes(tmp_path):
+    from rmq_spark.client import ResourceExhausted
+
+    cluster = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path), extra_args=["--max-queues", "50"])
+    cluster.start(timeout=90)
+    try:
+        with Client(cluster.endpoints, timeout=30) as client:
+            client.create_topic("first", queues=40)
+            with pytest.raises(ResourceExhausted, match=r"topic 'second': 20 more queues would make 60 "
+                                                        r"in the cluster; the limit is 50 \(rmq-storage --max-queues\)"):
+                client.create_topic("second", queues=20)
+            with pytest.raises(ResourceExhausted, match="11 more queues would make 51"):
+                client.alter_topic("first", queues=51)
+            assert [(t["name"], t["queues"]) for t in client.list_topics()] == [("first", 40)]
+            client.create_topic("second", queues=10)                   # up to the limit is fine
+            client.delete_topic("first")
+            client.create_topic("third", queues=40)                    # deleting frees its queues
+    finally:
+        cluster.stop()

@@ -30,6 +30,9 @@ def _parse(argv):
     n.add_argument("--max-open-files", type=int, default=0,
                    help="segment files a node keeps open (default: half its descriptor limit, "
                         "raised to the hard limit); the least used queues' files close past it")
+    n.add_argument("--max-queues", type=int, default=200_000,
+                   help="queues the cluster may hold (default 200,000); a create or growth past "
+                        "it is refused with RESOURCE_EXHAUSTED")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -73,7 +76,7 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   max_message_bytes=args.max_message_bytes,
                                   segment_bytes=args.segment_bytes,
                                   retention_interval=args.retention_interval,
-                                  max_open_files=args.max_open_files,
+                                  max_open_files=args.max_open_files, max_queues=args.max_queues,
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 
 

@@ -68,6 +68,7 @@ class NodeConfig:
     segment_sync_interval: float = 0.25
     commit_timeout: float = 10.0
     max_open_files: int = 0             # segment files held open; 0: half the process's fd limit
+    max_queues: int = 200_000           # queues in the cluster (every node holds all of them)
     timing: RaftTiming = field(default_factory=RaftTiming)
 
     @property
@@ -154,6 +155,17 @@ class StorageNode:
                                              "group answered it lately); a read here could be stale")
             time.sleep(0.005)
         return raft
+
+    def check_queue_budget(self, topic: str, adding: int) -> None:
+        """RESOURCE_EXHAUSTED, changing nothing, if ``adding`` queues would take the
+        cluster past ``max_queues``. Every node holds a replica of every queue, so
+        the limit is what one node's memory and files take (README: many queues)."""
+        have = self.meta.total_queues()
+        if have + adding > self.config.max_queues:
+            raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"topic {topic!r}: {adding} more queues would make {have + adding} in the "
+                               f"cluster; the limit is {self.config.max_queues} (rmq-storage "
+                               "--max-queues); delete topics or raise the limit")
 
     def group_of(self, topic: str, queue: int, cfg: dict | None = None) -> int:
         """The data group of a queue: recorded in the topic's config (``cfg``, else the

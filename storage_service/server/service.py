@@ -97,6 +97,7 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                "min_compaction_lag_ms": c.min_compaction_lag_ms}
         if c.compacted_table:
             cfg["compacted_table"] = c.compacted_table
+        self.node.check_queue_budget(cfg["name"], cfg["queues"])
         created = self.node.meta_command(CreateTopic(cfg, int(time.time() * 1000)))
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
@@ -110,6 +111,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         if "queues" in changes and changes["queues"] <= cfg["queues"]:
             raise invalid(queue_growth_error(cfg["name"], cfg["queues"], changes["queues"]))
         check_config(config_to_pb({**cfg, **changes}))
+        if "queues" in changes:
+            self.node.check_queue_budget(cfg["name"], changes["queues"] - cfg["queues"])
         altered = self.node.meta_command(AlterTopic(request.name, changes))
         if "queues" in changes:
             # New queues are usable at once on every node, not only here.

@@ -212,6 +212,10 @@ class MetaState:
         with self.lock:
             return {int(q): o for q, o in self.watermarks.get(topic, {}).get(kind, {}).items()}
 
+    def total_queues(self) -> int:
+        with self.lock:
+            return sum(t["queues"] for t in self.topics.values())
+
     def lease(self, topic: str, kind: str, now_ms: int) -> tuple[str, int]:
         """(owner, expires_ms) of a lease still running at ``now_ms``, else ("", 0)."""
         with self.lock:
