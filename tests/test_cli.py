@@ -61,10 +61,23 @@ def test_consumer_group_lag_shows_in_offsets(cluster, client):
     assert "lag" in rmq(cluster, "offsets", "cli-lag").stdout
 
 
-def test_cluster_status_json(cluster):
+def test_cluster_status_json(cluster, client):
+    client.create_topic("cli-status", queues=cluster.groups)
+    for q in range(cluster.groups):
+        client.produce("cli-status", [b"x" * 1000] * 10, queue=q)
     st = json.loads(rmq(cluster, "cluster", "status", "--json").stdout)
     assert sorted(n["pid"] for n in st["nodes"]) == sorted(cluster.pid(i) for i in range(3))
     assert all(g["leader"] for n in st["nodes"] for g in n["groups"])
+    # per group: its replicas and leader; per node: state, groups it leads, queues, bytes
+    assert [g["group"] for g in st["groups"]] == list(range(cluster.groups + 1))
+    for g in st["groups"]:
+        assert sorted(g["replicas"]) == sorted(cluster.addresses) and g["leader"] in cluster.addresses
+    leads = sorted(gid for n in st["nodes"] for gid in n["leaders"])
+    assert leads == list(range(cluster.groups + 1))                 # every group led once
+    for n in st["nodes"]:
+        assert n["state"] == "up" and n["address"] in cluster.addresses
+        assert n["queues"] >= cluster.groups and n["bytes"] >= 10_000
+    assert "leads groups" in rmq(cluster, "cluster", "status").stdout
 
 
 @pytest.mark.parametrize("args, stdin, text", [

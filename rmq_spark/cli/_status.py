@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from ..client import Client
+from ..units import human_bytes
 from ._format import table
 
 __all__ = ["add_parsers", "cmd_cluster", "cmd_offsets"]
@@ -45,21 +46,55 @@ def _role(group: int) -> str:
     return "metadata" if group == META_GROUP else "data"
 
 
-def cmd_cluster(client: Client, a) -> int:
-    st = client.cluster_status()
-    if a.json:
-        out = {"data_groups": st["groups"], "metadata_group": META_GROUP,
-               "nodes": [{**n, "groups": [{**g, "role": _role(g["group"])} for g in n["groups"]]}
-                         for n in st["nodes"]]}
-        print(json.dumps(out, indent=2))
-        return 0
-    rows = []
+def cluster_view(st: dict) -> dict:
+    """``Client.cluster_status`` as the CLI shows it: per node its address, pid,
+    state, the groups it holds and leads, queues and bytes; per group its
+    replicas and leader (the address of the node that reports leading it)."""
+    groups: dict[int, dict] = {}
+    nodes = []
     for n in st["nodes"]:
-        for g in n["groups"] or [{}]:
-            group = g.get("group", "-")
-            rows.append([n["node_id"], n["address"], n["pid"] or "-", "up" if n["reachable"] else "DOWN",
-                         f"{group} ({_role(group)})" if group != "-" else "-", g.get("leader", "-"),
-                         g.get("term", "-"), g.get("commit_index", "-"), g.get("applied_index", "-")])
-    print(table(rows, ["node", "address", "pid", "state", "group", "leader", "term", "commit", "applied"]))
-    print(f"\n{st['groups']} data groups (1..{st['groups']}) and the metadata group 0 on every node")
+        held = [g for g in n["groups"]]
+        leads = [g["group"] for g in held if g["leader"] and g["leader"] == n["address"]]
+        nodes.append({**n, "state": "up" if n["reachable"] else "down",
+                      "groups": [{**g, "role": _role(g["group"])} for g in held],
+                      "leaders": leads, "queues": sum(g.get("queues", 0) for g in held),
+                      "bytes": sum(g.get("bytes", 0) for g in held)})
+        for g in held:
+            view = groups.setdefault(g["group"], {"group": g["group"], "role": _role(g["group"]),
+                                                  "replicas": [], "leader": "", "term": 0})
+            view["replicas"].append(n["address"])
+            if g["group"] in leads:
+                view["leader"], view["term"] = n["address"], g["term"]
+            elif not view["leader"] and g["leader"]:
+                view["leader"] = g["leader"]          # as a follower sees it
+            view["term"] = max(view["term"], g["term"])
+    for n in nodes:
+        if n["state"] == "down":
+            # No answer from it; in this version every node holds every group.
+            for view in groups.values():
+                view["replicas"].append(n["address"])
+    return {"data_groups": st["groups"], "metadata_group": META_GROUP, "nodes": nodes,
+            "groups": [groups[g] for g in sorted(groups)]}
+
+
+def cmd_cluster(client: Client, a) -> int:
+    view = cluster_view(client.cluster_status())
+    if a.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    rows = [[n["node_id"], n["address"], n["pid"] or "-", n["state"].upper() if n["state"] == "down" else "up",
+             ",".join(map(str, n["leaders"])) or "-", n["queues"], human_bytes(n["bytes"]),
+             n.get("open_files", 0)] for n in view["nodes"]]
+    print(table(rows, ["node", "address", "pid", "state", "leads groups", "queues", "bytes", "open files"]))
+    print()
+    by_node = {n["address"]: n for n in view["nodes"]}
+    rows = []
+    for g in view["groups"]:
+        status = [x for n in view["nodes"] for x in n["groups"] if x["group"] == g["group"] and
+                  n["address"] == g["leader"]] or [{}]
+        rows.append([f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"],
+                     status[0].get("commit_index", "-"), len(g["replicas"]),
+                     " ".join(str(by_node[r]["node_id"]) for r in g["replicas"])])
+    print(table(rows, ["group", "leader", "term", "commit", "replicas", "on nodes"]))
+    print(f"\n{view['data_groups']} data groups (1..{view['data_groups']}) and the metadata group 0")
     return 0

@@ -435,9 +435,11 @@ class Client:
         nodes = []
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
+                              open_files=n.open_files,
                               groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
                                            applied_index=g.applied_index, term=g.term,
-                                           raft_log_entries=g.raft_log_entries) for g in n.groups]))
+                                           raft_log_entries=g.raft_log_entries, queues=g.queues,
+                                           bytes=g.bytes) for g in n.groups]))
         return {"groups": resp.groups, "nodes": nodes}
 
     def health(self, address: str | None = None, timeout: float = 5.0) -> dict:

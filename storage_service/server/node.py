@@ -458,11 +458,13 @@ class StorageNode:
     # ----------------------------------------------------------------- status
     def local_status(self) -> rmq_pb2.NodeStatus:
         st = rmq_pb2.NodeStatus(address=self.config.address, node_id=self.config.node_id,
-                                pid=os.getpid(), reachable=True)
+                                pid=os.getpid(), reachable=True, open_files=self.files.count)
         for g, raft in sorted(self.groups.items()):
+            queues = list(self.states[g].queues.values()) if g in self.states else []
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
                           applied_index=raft.raftLastApplied, term=raft.raftCurrentTerm,
-                          raft_log_entries=len(raft.journal))
+                          raft_log_entries=len(raft.journal), queues=len(queues),
+                          bytes=sum(q.size_bytes for q in queues))
         return st
 
     def stop(self) -> None:
