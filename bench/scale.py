@@ -1,0 +1,162 @@
+#!/usr/bin/env python
+"""Many queues on one local cluster: what each node pays per queue.
+
+For each queue count (``--queues``, default 1,000 and 10,000; add 100000 for
+the issue-19 run) a fresh 3-node cluster (4 data groups, ``--fsync always``)
+gets topics of up to 4,000 queues, one message per queue, and the run
+measures:
+
+* create: creating the topics (the metadata group records every queue's group);
+* produce: one 100-byte message to every queue (``produce_batches``, 500
+  queues per call: each queue's files are created on its first append);
+* read: the message back from every queue's leader (``fetch``);
+* per node: RSS, open descriptors and disk after the produce, and the
+  restart time of the whole cluster (stop, start, every group led);
+* per queue: RSS and metadata bytes (the topic configs, as the metadata
+  snapshot holds them), and what 1,000,000 queues
+  (RIP-20's "100w") would take per node at that rate.
+
+Every node holds a replica of every queue (this version), so per-node cost
+is per-cluster cost. There is no peer in this table: the question is how the
+cost grows with the queue count::
+
+    .venv/bin/python bench/scale.py                        # 1k, 10k
+    .venv/bin/python bench/scale.py --queues 1000 --queues 10000 --queues 100000
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rmq_spark.client import Client, Message  # noqa: E402
+from storage_service.local import LocalCluster  # noqa: E402
+
+MAX_PER_TOPIC = 4000
+PER_CALL = 500
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _du_mb(path: str) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total / (1 << 20)
+
+
+def _nodes(cluster: LocalCluster) -> list[int]:
+    return [p.pid for p in cluster.procs]
+
+
+def _topics(n: int) -> list[tuple[str, int]]:
+    out, left, i = [], n, 0
+    while left:
+        k = min(MAX_PER_TOPIC, left)
+        out.append((f"scale-{i}", k))
+        left -= k
+        i += 1
+    return out
+
+
+def one(queues: int, where: str, say) -> dict:
+    data = tempfile.mkdtemp(prefix=f"scale-{queues}-", dir=where)
+    cluster = LocalCluster(nodes=3, groups=4, data_dir=data)
+    cluster.start(timeout=120)
+    row: dict = {"queues": queues}
+    try:
+        base_rss = [_rss_mb(p) for p in _nodes(cluster)]
+        with Client(cluster.endpoints, timeout=120) as c:
+            topics = _topics(queues)
+            t = time.perf_counter()
+            for name, k in topics:
+                c.create_topic(name, queues=k)
+            row["create_s"] = time.perf_counter() - t
+            say(f"  {queues:,} queues: created in {row['create_s']:.1f} s")
+            pairs = [(name, q) for name, k in topics for q in range(k)]
+            t = time.perf_counter()
+            for i in range(0, len(pairs), PER_CALL):
+                c.produce_batches([(name, q, [Message(b"v" * 100)]) for name, q in pairs[i:i + PER_CALL]])
+                if (i // PER_CALL) % 20 == 19:
+                    say(f"  {queues:,} queues: produced to {i + PER_CALL:,}")
+            row["produce_s"] = time.perf_counter() - t
+            say(f"  {queues:,} queues: one message each in {row['produce_s']:.1f} s")
+            t = time.perf_counter()
+            step = max(1, len(pairs) // 2000)            # reads: a sample of 2,000 queues
+            for name, q in pairs[::step]:
+                assert len(c.fetch(name, q, 0).records) == 1, (name, q)
+            row["read_ms_per_queue"] = 1e3 * (time.perf_counter() - t) / len(pairs[::step])
+            pids = _nodes(cluster)
+            rss = [_rss_mb(p) for p in pids]
+            row["rss_mb"] = max(rss)
+            row["rss_kb_per_queue"] = 1024 * max(r - b for r, b in zip(rss, base_rss)) / queues
+            row["open_files"] = max(_fds(p) for p in pids)
+            row["disk_mb_per_node"] = max(_du_mb(os.path.join(data, f"node-{i}")) for i in range(3))
+            # The metadata snapshot is the topic configs (with every queue's group) as JSON.
+            row["meta_snapshot_kb"] = len(json.dumps(c.list_topics())) / 1024
+        t = time.perf_counter()
+        cluster.stop()
+        cluster.start(timeout=600)
+        row["restart_s"] = time.perf_counter() - t
+        say(f"  {queues:,} queues: restarted in {row['restart_s']:.1f} s")
+        with Client(cluster.endpoints, timeout=120) as c:
+            name, q = _topics(queues)[-1][0], 0
+            assert len(c.fetch(name, q, 0).records) == 1
+        row["rss_after_restart_mb"] = max(_rss_mb(p) for p in _nodes(cluster))
+    finally:
+        cluster.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
+    p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    a = p.parse_args(argv)
+    counts = a.queues or [1000, 10000]
+    rows = []
+    for n in counts:
+        rows.append(one(n, a.dir or tempfile.gettempdir(), lambda line: print(line, flush=True)))
+    head = ["queues", "create s", "produce s", "read ms/q", "RSS MB", "RSS KB/q", "open files",
+            "disk MB/node", "meta KB", "restart s"]
+    print("\n| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print(f"| {r['queues']:,} | {r['create_s']:.1f} | {r['produce_s']:.1f} | {r['read_ms_per_queue']:.2f} | "
+              f"{r['rss_mb']:.0f} | {r['rss_kb_per_queue']:.1f} | {r['open_files']} | "
+              f"{r['disk_mb_per_node']:.0f} | {r['meta_snapshot_kb']:.0f} | {r['restart_s']:.1f} |")
+    big = rows[-1]
+    print(f"\n1,000,000 queues at the {big['queues']:,}-queue rates, per node: RSS ~"
+          f"{big['rss_kb_per_queue'] * 1e6 / (1 << 20):.1f} GB more, metadata snapshot ~"
+          f"{big['meta_snapshot_kb'] * 1e6 / big['queues'] / 1024:.0f} MB, restart ~"
+          f"{big['restart_s'] * 1e6 / big['queues']:.0f} s (if it grows linearly)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
