@@ -20,8 +20,8 @@ import time
 from ..protocol import framing
 from .durability import drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
-from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, open_sealed, read_pairs,
-                      read_segment, recover_tail, segment_name, span_in, write_pairs)
+from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
+                      read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -67,7 +67,7 @@ class QueueLog:
 
     # ------------------------------------------------------------------ open
     def _open(self) -> None:
-        self._finish_swaps()
+        finish_swaps(self.path)
         bases = sorted(int(f[:-4]) for f in os.listdir(self.path) if f.endswith(".log"))
         self._earliest = self._read_earliest()
         for base in bases[:-1]:
@@ -78,28 +78,6 @@ class QueueLog:
         else:
             self._new_segment(self._earliest)
         self._earliest = max(self._earliest, self.segments[0].base)
-
-    def _finish_swaps(self) -> None:
-        """Complete a compaction swap cut short by a crash, or drop its leftovers.
-
-        ``replace_segment`` writes ``.cleaned`` files, then a ``.swap`` marker,
-        then renames: a marker means the cleaned files are whole (finish the
-        renames), no marker means they may not be (delete them).
-        """
-        names = os.listdir(self.path)
-        for f in names:
-            if f.endswith(".swap"):
-                base = int(f[:-5])
-                for ext in SEGMENT_FILES:
-                    cleaned = os.path.join(self.path, segment_name(base, ext) + ".cleaned")
-                    if os.path.exists(cleaned):
-                        os.replace(cleaned, os.path.join(self.path, segment_name(base, ext)))
-                os.unlink(os.path.join(self.path, f))
-                log.warning("queue %s: finished the compaction swap of segment %d after a restart",
-                            self.path, base)
-        for f in os.listdir(self.path):
-            if f.endswith(".cleaned"):
-                os.unlink(os.path.join(self.path, f))
 
     def _read_earliest(self) -> int:
         try:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from ..protocol import framing
 
-__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "index_position", "open_sealed",
-           "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
+__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "finish_swaps", "index_position",
+           "open_sealed", "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -219,3 +219,25 @@ def _whole_prefix(data: bytes) -> int:
             break
         pos += hs + body_len
     return pos
+
+
+def finish_swaps(path: str) -> None:
+    """Complete a compaction swap in queue directory ``path`` cut short by a crash,
+    or drop its leftovers.
+
+    ``QueueLog.replace_segment`` writes ``.cleaned`` files, then a ``.swap``
+    marker, then renames: a marker means the cleaned files are whole (finish the
+    renames), no marker means they may not be (delete them).
+    """
+    for f in os.listdir(path):
+        if f.endswith(".swap"):
+            base = int(f[:-5])
+            for ext in SEGMENT_FILES:
+                cleaned = os.path.join(path, segment_name(base, ext) + ".cleaned")
+                if os.path.exists(cleaned):
+                    os.replace(cleaned, os.path.join(path, segment_name(base, ext)))
+            os.unlink(os.path.join(path, f))
+            log.warning("queue %s: finished the compaction swap of segment %d after a restart", path, base)
+    for f in os.listdir(path):
+        if f.endswith(".cleaned"):
+            os.unlink(os.path.join(path, f))

@@ -85,3 +85,52 @@ def test_a_checkpoint_with_a_batch_in_doubt_after_a_takeover_is_refused(spark, c
     rows = archive_rows(spark, path, "delta", topic)
     assert_exactly_once(rows)
     assert rows == hot_rows(spark, endpoints, topic) and len(rows) == 100
+
+
+def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothing(
+        spark, client, endpoints, topic, tmp_path):
+    """The whole path, as it happens: a running job (its own process, a batch every
+    second) is stopped with SIGSTOP, JVM and all, for longer than its lease; another
+    job takes the topic over and archives; the first resumes. Its lease thread finds
+    the lease gone and it stops; whatever it had in flight appends nothing (fence)
+    and moves no watermark (token): every message is in the archive once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from rmq_spark.tiering._lease import TTL_S
+    from tests.conftest import wait_until
+
+    path = tmp_path / "archive"
+    produce(client, topic, 100)
+    ckpt_a = path / "_rmq_checkpoints" / topic
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints, "tier", topic,
+         "--archive", str(path), "--format", "delta", "--trigger", "1s"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: (ckpt_a / "commits" / "0").exists() or proc.poll() is not None,
+                   timeout=300, what="job A's first committed batch")
+        assert proc.poll() is None, proc.stdout.read().decode()[-6000:]
+        os.killpg(proc.pid, signal.SIGSTOP)
+        produce(client, topic, 40, start=100)          # A planned none of these
+        time.sleep(TTL_S + 2)                            # A's lease lapses
+        run_tier(spark, endpoints, topic, checkpoint=str(tmp_path / "ckpt-b"))   # job B
+        token_b = _token(path, topic)
+        assert len(archive_rows(spark, path, "delta", topic)) == 140
+        produce(client, topic, 20, start=140)            # A would plan these once resumed
+        os.killpg(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0, out.decode()[-4000:]   # A stopped: its lease was taken
+    assert b"lease" in out, out.decode()[-4000:]
+    assert _token(path, topic) == token_b                # no append under A's token landed
+    rows = archive_rows(spark, path, "delta", topic)
+    assert_exactly_once(rows)
+    assert len(rows) == 140                             # the last 20: nobody archived them yet
+    info = client.describe_topic(topic)["queue_info"]
+    assert all(q["archived"] == 35 for q in info)        # B's watermark: 4 queues x 35
