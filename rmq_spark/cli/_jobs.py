@@ -87,6 +87,10 @@ def _run_job(client: Client, cmd: str, verb: str, topic: str, available_now: boo
         query = start(spark)
         if not available_now:
             _run_until_signalled(query)
+            outcome = getattr(query, "rmq_outcome", None)
+            failure = outcome() if outcome else None
+            if failure is not None:
+                raise failure
         print(done())
         return 0
     except Exception as e:        # the query failed; what it committed stays (watermarks)

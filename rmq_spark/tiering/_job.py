@@ -129,6 +129,9 @@ def start_tiering(spark, settings: TierSettings, progress: Callable[[str], None]
         return query
     threading.Thread(target=run.watch, args=(query,), name=f"rmq-tier-{settings.topic}",
                      daemon=True).start()
+    # A continuous job may end for a reason the query does not show (its lease was
+    # lost: the monitor stopped it). Callers that wait for it ask here.
+    query.rmq_outcome = run.outcome
     return query
 
 
@@ -149,6 +152,8 @@ class _Run:
         self.lease = TierLease(settings.endpoints, settings.topic,
                                os.path.normpath(settings.checkpoint))
         self._lease_lost: LeaseLost | None = None
+        self.finished = threading.Event()      # the monitor is done (watch)
+        self.failure: BaseException | None = None
 
     # ------------------------------------------------------------ start
     def start(self):
@@ -302,10 +307,18 @@ class _Run:
             self.lease.release()
             self.client.close()
         failure = self._lease_lost or failure    # a query stopped for its lease did not finish
+        self.failure = failure
+        self.finished.set()
         if failure is not None:
             if self.s.available_now:
                 raise failure
             log.error("tiering query of %s failed: %s", self.s.topic, failure)
+
+    def outcome(self, timeout: float = 60.0) -> BaseException | None:
+        """Once the query ended: why it failed (None if it did not), after the monitor
+        is done (lease released, watermark of the last batch set)."""
+        self.finished.wait(timeout)
+        return self.failure
 
     def _safe_poll(self, query) -> None:
         try:

@@ -14,7 +14,8 @@ idea of when its lease lapses is never later than the leader's. A job that
 cannot renew for 90% of the TTL (cluster unreachable, driver paused) treats
 the lease as lost and stops; so does one whose renewal is refused (the lease
 lapsed and another job took it). Before a Delta append the job checks the
-lease (no RPC while the last grant is recent), and every watermark move
+lease (no RPC while the last grant is recent; a renewal under a new token means
+another job held the topic in between, and counts as lost), and every watermark move
 carries the lease's fencing token (``token``): the metadata group refuses a
 move under a token that is not the topic's current lease, so a job that lost
 its lease (paused, cut off) moves no watermark and so deletes no hot data.
@@ -94,6 +95,15 @@ class TierLease:
             raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: the lease "
                             f"lapsed and the job with checkpoint {holder} holds it (until "
                             f"{utc_text(expires)}); this job stops without appending")
+        if self.token and token != self.token:
+            # Granted again, under a new token: another job held the topic in between
+            # (and let it go). What this job planned from its checkpoint may be archived
+            # already; only a restart checks where the archive ends.
+            raise LeaseLost(f"tiering of {self.topic!r} with checkpoint {self.owner}: the lease "
+                            f"lapsed and another job held the topic meanwhile (lease token "
+                            f"{self.token} -> {token}); this job stops without appending. "
+                            "Start it again: it resumes only if the archive did not move past "
+                            "its checkpoint")
         self._granted_at, self.token = sent, token
 
     def _age(self) -> float:

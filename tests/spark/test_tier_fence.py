@@ -121,7 +121,12 @@ def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothi
         assert len(archive_rows(spark, path, "delta", topic)) == 140
         produce(client, topic, 20, start=140)            # A would plan these once resumed
         os.killpg(proc.pid, signal.SIGCONT)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise AssertionError("job A still ran 120 s after it resumed:\n" + out.decode()[-6000:])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
