@@ -53,7 +53,7 @@ def cluster_view(st: dict) -> dict:
     groups: dict[int, dict] = {}
     nodes = []
     for n in st["nodes"]:
-        held = [g for g in n["groups"]]
+        held = n["groups"]
         leads = [g["group"] for g in held if g["leader"] and g["leader"] == n["address"]]
         nodes.append({**n, "state": "up" if n["reachable"] else "down",
                       "groups": [{**g, "role": _role(g["group"])} for g in held],
@@ -61,10 +61,11 @@ def cluster_view(st: dict) -> dict:
                       "bytes": sum(g.get("bytes", 0) for g in held)})
         for g in held:
             view = groups.setdefault(g["group"], {"group": g["group"], "role": _role(g["group"]),
-                                                  "replicas": [], "leader": "", "term": 0})
+                                                  "replicas": [], "leader": "", "term": 0,
+                                                  "commit_index": 0})
             view["replicas"].append(n["address"])
             if g["group"] in leads:
-                view["leader"], view["term"] = n["address"], g["term"]
+                view["leader"], view["commit_index"] = n["address"], g["commit_index"]
             elif not view["leader"] and g["leader"]:
                 view["leader"] = g["leader"]          # as a follower sees it
             view["term"] = max(view["term"], g["term"])
@@ -88,13 +89,9 @@ def cmd_cluster(client: Client, a) -> int:
     print(table(rows, ["node", "address", "pid", "state", "leads groups", "queues", "bytes", "open files"]))
     print()
     by_node = {n["address"]: n for n in view["nodes"]}
-    rows = []
-    for g in view["groups"]:
-        status = [x for n in view["nodes"] for x in n["groups"] if x["group"] == g["group"] and
-                  n["address"] == g["leader"]] or [{}]
-        rows.append([f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"],
-                     status[0].get("commit_index", "-"), len(g["replicas"]),
-                     " ".join(str(by_node[r]["node_id"]) for r in g["replicas"])])
+    rows = [[f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"], g["commit_index"] or "-",
+             len(g["replicas"]), " ".join(str(by_node[r]["node_id"]) for r in g["replicas"])]
+            for g in view["groups"]]
     print(table(rows, ["group", "leader", "term", "commit", "replicas", "on nodes"]))
     print(f"\n{view['data_groups']} data groups (1..{view['data_groups']}) and the metadata group 0")
     return 0

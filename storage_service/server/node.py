@@ -243,7 +243,7 @@ class StorageNode:
             done.set()
 
         raft.submit(cmd, cb)
-        if not self._await(raft, lambda t: done.wait(t)):
+        if not self._await(raft, done.wait):
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"group {raft.group_id}: no commit within {self.config.commit_timeout}s")
         res, err = box[0]
