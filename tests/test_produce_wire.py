@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 
 def _port_of(cluster, node: int = 0) -> tuple[str, int]:
-    host, port = produce_address(cluster.addresses[node], cluster.groups).rsplit(":", 1)
+    host, port = produce_address(cluster.addresses[node]).rsplit(":", 1)
     return host, int(port)
 
 

@@ -32,18 +32,20 @@ def _processes_with(text: str) -> list[int]:
 
 
 def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
-    """A node whose raft port is taken never sees every leader: start() fails naming
-    it and stops the nodes it started (a ``with`` block never reaches __exit__)."""
-    base = free_port_block(18)
+    """A node whose raft port is taken exits naming it: start() fails naming the node
+    and stops the nodes it started (a ``with`` block never reaches __exit__)."""
+    base = free_port_block(9)
     taken = socket.socket()
-    taken.bind(("127.0.0.1", base + 6 + 2))        # node 1, data group 1 (span = groups + 2)
+    taken.bind(("127.0.0.1", base + 3 + 1))        # node 1's raft port (gRPC, raft, produce)
     taken.listen()
     data_dir = str(tmp_path / "cluster")
     cluster = LocalCluster(nodes=3, groups=4, data_dir=data_dir, port=base)
     try:
-        with pytest.raises(TimeoutError, match=r"nodes \[1\] not ready"):
+        with pytest.raises(RuntimeError, match=r"node 1 exited with 2"):
             cluster.start(timeout=8)
     finally:
         taken.close()
+    with open(os.path.join(data_dir, "node-1.log")) as f:
+        assert f"raft port 127.0.0.1:{base + 4}" in f.read()
     assert cluster.procs == [None, None, None]
     assert _processes_with(data_dir) == []

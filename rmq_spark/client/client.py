@@ -103,7 +103,7 @@ class Client:
             sender = self._senders.get(address)
         if sender is None:
             grpc_call = self._stub(address).ProduceBatches.future
-            transport = (ProduceTransport(produce_address(address, self.groups()), fallback=grpc_call)
+            transport = (ProduceTransport(produce_address(address), fallback=grpc_call)
                          if self.produce_port and not self._closed else None)
             with self._lock:
                 sender = self._senders.get(address)

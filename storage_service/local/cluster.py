@@ -75,7 +75,7 @@ class LocalCluster:
         saved = self._saved()
         if saved and not port:
             return saved["addresses"]
-        span = self.groups + 3      # gRPC, one raft port per group + meta, produce port
+        span = 3      # gRPC, raft (all groups of the node), produce port
         if port:
             bases = [port + i * span for i in range(self.nodes)]
         else:

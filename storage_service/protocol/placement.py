@@ -45,13 +45,16 @@ def assign_groups(load: dict[int, int], groups: int, count: int) -> list[int]:
     return out
 
 
-def raft_address(grpc_address: str, group: int) -> str:
-    """Each node listens for group g's raft traffic on its gRPC port + 1 + g."""
+def raft_address(grpc_address: str) -> str:
+    """A node's raft port, shared by all its raft groups (``raft/mux.py``): gRPC port + 1."""
     host, port = grpc_address.rsplit(":", 1)
-    return f"{host}:{int(port) + 1 + group}"
+    return f"{host}:{int(port) + 1}"
 
 
-def produce_address(grpc_address: str, groups: int) -> str:
-    """A node's produce port (``storage_service.producewire``): after its raft ports."""
+def produce_address(grpc_address: str) -> str:
+    """A node's produce port (``server/produce_port.py``): gRPC port + 2.
+
+    A node's three ports do not depend on how many groups it hosts (until
+    wave 2 every group had a raft port of its own and this came after them)."""
     host, port = grpc_address.rsplit(":", 1)
-    return f"{host}:{int(port) + groups + 2}"
+    return f"{host}:{int(port) + 2}"

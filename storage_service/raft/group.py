@@ -18,8 +18,10 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 * Snapshots: the state machine provides ``snapshot() -> bytes`` and
   ``restore(bytes, index, leader)``; a data group's snapshot is a segment
   manifest, never the message payloads.
-* Wire: ``_wire.FastTcpConnection`` replaces pysyncobj's quadratic buffers
-  and zlib/protocol-2 pickle framing.
+* Wire: ``transport.FastTcpConnection`` replaces pysyncobj's quadratic buffers
+  and zlib/protocol-2 pickle framing. On a node's ``RaftLoop`` all groups
+  share the node's one raft port and one connection per peer
+  (``mux.MuxTransport`` over the loop's ``RaftHub``).
 * Ticks: ``autoTick`` is off so the journal can be swapped before the first
   tick; our thread ticks: a node's ``RaftLoop`` (one thread and one poller
   for all its groups), or a thread of the group's own when built alone.
@@ -29,6 +31,7 @@ What this subclass changes in pysyncobj 0.3.17, and why:
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
@@ -47,6 +50,7 @@ from . import transport
 from .election import LeaseElection
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
+from .mux import MuxTransport
 
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
 
@@ -112,12 +116,15 @@ class RaftGroup(LeaseElection, SyncObj):
         self._committer = None
         self._loop = loop
         others = [p for p in peers if p != self_addr]
+        kwargs = {}
+        if loop is not None and loop.hub is not None:
+            kwargs["transportClass"] = functools.partial(MuxTransport, loop.hub, group_id)
         with RaftLoop._construct:          # every construction: createPoller may be swapped
             make = pysyncobj.syncobj.createPoller
             if loop is not None:
                 pysyncobj.syncobj.createPoller = lambda _type: loop_poller(loop)
             try:
-                super().__init__(self_addr, others, conf)
+                super().__init__(self_addr, others, conf, **kwargs)
             finally:
                 pysyncobj.syncobj.createPoller = make
         self._init_election(timing.min_timeout)

@@ -19,6 +19,7 @@ from pysyncobj.poller import PollPoller
 
 from ..log.durability import fatal
 from .journal import DurableJournal
+from .mux import RaftHub
 
 __all__ = ["RaftLoop", "capped_match_index", "loop_poller"]
 
@@ -90,9 +91,14 @@ class RaftLoop:
     """
     _construct = threading.Lock()   # createPoller is swapped while a group is built
 
-    def __init__(self, tick: float = 0.1, name: str = "raft"):
+    def __init__(self, tick: float = 0.1, name: str = "raft", listen: str | None = None,
+                 connection_timeout: float = 3.5):
+        """``listen``: the node's raft address; its groups then share one port and one
+        connection per peer (``mux.RaftHub``). Without it each group runs
+        pysyncobj's own TCP transport on its own address."""
         self.tick = tick
         self.poller = PollPoller()
+        self.hub = RaftHub(listen, self.poller, timeout=connection_timeout) if listen else None
         self.groups: list["LoopGroup"] = []
         # Journal syncs run on a thread of their own: waiting for the disk on
         # the raft thread held up every group of the node (under produce load
@@ -167,6 +173,11 @@ class RaftLoop:
     # --------------------------------------------------------------- loop
     def _run(self) -> None:
         while self._running:
+            if self.hub is not None:
+                try:
+                    self.hub.tick()
+                except Exception:
+                    log.exception("raft loop: hub tick failed")
             for g in self.groups:
                 g.tick(0.0)
             try:
@@ -184,6 +195,11 @@ class RaftLoop:
         for t in (self._thread, self._syncer):
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout=5)
+
+    def close(self) -> None:
+        """Close the raft port (after ``stop`` and the groups' destroy)."""
+        if self.hub is not None:
+            self.hub.close()
 
 
 def loop_poller(loop: RaftLoop) -> _LoopPoller:

@@ -58,6 +58,10 @@ def run_node(args) -> int:
     except DirectoryInUse as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
+    except OSError as e:               # the raft port is taken
+        print(f"rmq-storage: {e.strerror or e} (each node needs its gRPC port and the two "
+              "after it: raft, produce)", file=sys.stderr)
+        return 2
     server = serve(node)
     stop = _stop_on_signals()
     logging.info("node %d serving on %s", args.id, addresses[args.id])

@@ -90,8 +90,7 @@ class StorageNode:
     def _start(self) -> None:
         config = self.config
         self.started = time.time()
-        self._raft_to_grpc = {raft_address(a, g): a
-                              for a in config.addresses for g in range(config.groups + 1)}
+        self._raft_to_grpc = {raft_address(a): a for a in config.addresses}
         self.meta = MetaState(config.groups)
         self.groups: dict[int, RaftGroup] = {}
         self.states: dict[int, DataState] = {}
@@ -99,7 +98,9 @@ class StorageNode:
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
-        self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}")
+        self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
+                                  listen=raft_address(config.address),
+                                  connection_timeout=max(3.5, config.timing.max_timeout))
         self.groups[META_GROUP] = self._raft(META_GROUP, self.meta)
         for g in range(1, config.groups + 1):
             st = DataState(os.path.join(config.data_dir, f"group-{g}", "queues"),
@@ -121,7 +122,7 @@ class StorageNode:
 
     def _raft(self, g: int, state) -> RaftGroup:
         c = self.config
-        return RaftGroup(g, raft_address(c.address, g), [raft_address(a, g) for a in c.addresses],
+        return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in c.addresses],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
                          loop=self.raft_loop)
 
@@ -476,6 +477,7 @@ class StorageNode:
         self.raft_loop.stop()
         for raft in self.groups.values():
             raft.stop()
+        self.raft_loop.close()
         with self._channels_lock:
             for ch in self._channels.values():
                 ch.close()

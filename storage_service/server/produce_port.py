@@ -5,7 +5,7 @@ CPU before its first byte, plus HTTP/2 framing and a hand-off to a pool
 thread each way (``bench/grpc_call.py`` on the test VM). Without them the
 batched produce benchmark spent ~12% less CPU per message (``bench/README.md``).
 So a node also serves ``ProduceBatches`` on its *produce port* (gRPC port +
-groups + 2, next to its raft ports: ``placement.produce_address``) as
+2, after its raft port: ``placement.produce_address``) as
 length-prefixed frames over TCP, as Kafka and NATS carry their data paths.
 The wire format is ``storage_service.protocol.produce_frames``; the messages
 are exactly the ``.proto``'s ``ProduceBatchesRequest`` and

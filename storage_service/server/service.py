@@ -460,6 +460,6 @@ def serve(node: StorageNode, workers: int = 64) -> Servers:
     server.add_insecure_port(f"{host}:{port}")
     server.start()
     c = node.config
-    taken = set(c.addresses) | {raft_address(a, g) for a in c.addresses for g in range(c.groups + 1)}
-    produce = _produce_server(servicer.produce_batches, produce_address(c.address, c.groups), taken)
+    taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
+    produce = _produce_server(servicer.produce_batches, produce_address(c.address), taken)
     return Servers(server, produce)
