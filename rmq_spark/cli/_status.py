@@ -69,11 +69,12 @@ def cluster_view(st: dict) -> dict:
             elif not view["leader"] and g["leader"]:
                 view["leader"] = g["leader"]          # as a follower sees it
             view["term"] = max(view["term"], g["term"])
-    for n in nodes:
-        if n["state"] == "down":
-            # No answer from it; in this version every node holds every group.
-            for view in groups.values():
-                view["replicas"].append(n["address"])
+    placement = st.get("placement") or {}
+    for g, view in groups.items():
+        if g in placement:          # as recorded: also the replicas on nodes that did not answer
+            view["replicas"] = list(placement[g])
+        elif g == META_GROUP:
+            view["replicas"] = [n["address"] for n in nodes]      # every node holds one
     return {"data_groups": st["groups"], "metadata_group": META_GROUP, "nodes": nodes,
             "groups": [groups[g] for g in sorted(groups)]}
 

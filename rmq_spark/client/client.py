@@ -430,8 +430,10 @@ class Client:
         return r.granted, r.holder, r.expires_ms, r.token
 
     # -------------------------------------------------------------- status
-    def cluster_status(self) -> dict:
-        resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest())
+    def cluster_status(self, address: str | None = None) -> dict:
+        """Every node's status (as the answering node reached them) and the data groups'
+        placement as its metadata replica records it; ``address`` pins the node asked."""
+        resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest(), address=address)
         nodes = []
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
@@ -439,8 +441,9 @@ class Client:
                               groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
                                            applied_index=g.applied_index, term=g.term,
                                            raft_log_entries=g.raft_log_entries, queues=g.queues,
-                                           bytes=g.bytes) for g in n.groups]))
-        return {"groups": resp.groups, "nodes": nodes}
+                                           bytes=g.bytes, replicas=list(g.replicas)) for g in n.groups]))
+        return {"groups": resp.groups, "nodes": nodes,
+                "placement": {p.group: list(p.replicas) for p in resp.placement}}
 
     def health(self, address: str | None = None, timeout: float = 5.0) -> dict:
         r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=timeout)

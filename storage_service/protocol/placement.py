@@ -4,8 +4,8 @@ from __future__ import annotations
 import zlib
 from typing import Sequence
 
-__all__ = ["GRPC_OPTIONS", "META_GROUP", "assign_groups", "group_of", "legacy_group", "produce_address",
-           "raft_address"]
+__all__ = ["GRPC_OPTIONS", "META_GROUP", "assign_groups", "group_of", "grpc_address", "initial_replicas",
+           "legacy_group", "produce_address", "raft_address"]
 
 META_GROUP = 0
 # gRPC options of every channel and server: big messages (fetches of up to
@@ -43,6 +43,23 @@ def assign_groups(load: dict[int, int], groups: int, count: int) -> list[int]:
         load[g] = load.get(g, 0) + 1
         out.append(g)
     return out
+
+
+def initial_replicas(nodes: Sequence[str], groups: int, rf: int) -> dict[int, list[str]]:
+    """Each data group's replicas at a cluster's first start: ``rf`` distinct nodes,
+    group g starting at node g-1 and taking the next ones round the list. Every
+    founding node computes the same (the metadata group then records it), each
+    node gets ``groups * rf / len(nodes)`` replicas give or take one, and the
+    first replica of each group (its preferred leader) goes round the nodes."""
+    n = len(nodes)
+    rf = max(1, min(rf, n))
+    return {g: [nodes[(g - 1 + k) % n] for k in range(rf)] for g in range(1, groups + 1)}
+
+
+def grpc_address(raft_addr: str) -> str:
+    """The gRPC address of the node whose raft port is ``raft_addr``."""
+    host, port = raft_addr.rsplit(":", 1)
+    return f"{host}:{int(port) - 1}"
 
 
 def raft_address(grpc_address: str) -> str:

@@ -46,8 +46,9 @@ from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
 from pysyncobj.node import TCPNode
 
-from . import transport
+from . import membership, transport
 from .election import LeaseElection
+from .membership import Membership
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
 from .mux import MuxTransport
@@ -55,7 +56,7 @@ from .mux import MuxTransport
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
 
 log = logging.getLogger(__name__)
-_LEN = struct.Struct("<QQQ")
+_LEN = membership.SNAPSHOT_ENTRY
 
 
 transport.install()   # see storage_service/raft/transport.py
@@ -82,7 +83,7 @@ class RaftTiming:
     compaction_seconds: float = 60.0
 
 
-class RaftGroup(LeaseElection, SyncObj):
+class RaftGroup(Membership, LeaseElection, SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
                  loop: RaftLoop | None = None):
@@ -104,7 +105,10 @@ class RaftGroup(LeaseElection, SyncObj):
             logCompactionMinEntries=timing.compaction_entries,
             logCompactionMinTime=timing.compaction_seconds,
             appendEntriesBatchSizeBytes=64 << 20, sendBufferSize=1 << 20, recvBufferSize=1 << 20,
-            commandsQueueSize=100_000, dynamicMembershipChange=False,
+            commandsQueueSize=100_000,
+            # Replicas are added and removed one at a time (membership.py keeps
+            # the configuration durable; the placement controller drives it).
+            dynamicMembershipChange=True,
             # A leader no majority answered for an election timeout steps down
             # (pysyncobj's default, 30 s, kept a cut-off leader taking writes).
             leaderFallbackTimeout=timing.min_timeout,
@@ -115,7 +119,14 @@ class RaftGroup(LeaseElection, SyncObj):
             appendEntriesUseBatch=False)
         self._committer = None
         self._loop = loop
-        others = [p for p in peers if p != self_addr]
+        # The replica's initial members, recorded when it was created: a restart
+        # (and membership.py) starts from them, not from the caller's list.
+        initial = membership.read_members(data_dir)
+        if initial is None:
+            membership.write_members(data_dir, peers)
+            initial = list(peers)
+        self.initial_members = set(initial) | {self_addr}
+        others = [p for p in initial if p != self_addr]
         kwargs = {}
         if loop is not None and loop.hub is not None:
             kwargs["transportClass"] = functools.partial(MuxTransport, loop.hub, group_id)
@@ -130,6 +141,7 @@ class RaftGroup(LeaseElection, SyncObj):
         self._init_election(timing.min_timeout)
         self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
+        self._load_members()
         self._running = True
         if loop is None:
             self._thread = threading.Thread(target=self._tick_loop, name=f"raft-{group_id}", daemon=True)
@@ -352,6 +364,7 @@ class RaftGroup(LeaseElection, SyncObj):
             self._SyncObj__raftCommitIndex = j[-1][1]
         self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, last[1])
         j.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
+        self._load_members()
 
     def _peek_snapshot(self) -> tuple[int, int]:
         """(index, term) of the last entry a snapshot file covers."""
@@ -360,13 +373,17 @@ class RaftGroup(LeaseElection, SyncObj):
         return idx, term
 
     def _write_snapshot(self, path: str, data) -> None:
-        last, prev, _cluster = data
+        last, prev, cluster = data
         blob = self.state.snapshot()
+        # the configuration as of the snapshot's own index (membership.py)
+        config = membership.rewind({n.address for n in cluster},
+                                   self.journal.commands_after(last[1], _COMMAND_TYPE.MEMBERSHIP))
         with open(path, "wb") as f:
             for entry in (last, prev):
                 cmd = bytes(entry[0])
                 f.write(_LEN.pack(len(cmd), entry[1], entry[2]))
                 f.write(cmd)
+            f.write(membership.encode_config(config))
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
@@ -380,6 +397,7 @@ class RaftGroup(LeaseElection, SyncObj):
             pos += _LEN.size
             entries.append((data[pos:pos + n], idx, term))
             pos += n
+        _, pos = membership.decode_config(data, pos)      # absent in snapshots written before wave 2
         leader = self._getLeader()
         self.state.restore(data[pos:], entries[0][1], leader.address if leader else None)
         cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}

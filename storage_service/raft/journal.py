@@ -342,6 +342,24 @@ class DurableJournal(Journal):
         self._remember(idx, cmd)
         return cmd
 
+    def kind(self, idx: int) -> int:
+        """The first byte of entry ``idx``'s command (pysyncobj's command type), read
+        without the rest of it."""
+        cmd = self._cache.get(idx)
+        if cmd is not None:
+            return cmd[0] if cmd else -1
+        i = idx - self._entries[0].idx
+        if not 0 <= i < len(self._entries) or self._entries[i].idx != idx:
+            raise KeyError(f"journal {self.path}: no entry {idx}")
+        start = (self._ends[i - 1] if i else 0) + _REC.size + _HEAD.size
+        if self._ends[i] <= start:
+            return -1
+        return os.pread(self._fd, 1, start)[0]
+
+    def commands_after(self, idx: int, kind: int) -> list[bytes]:
+        """Commands of type ``kind`` of the entries past ``idx``, oldest first."""
+        return [self.command(e.idx) for e in self._entries if e.idx > idx and self.kind(e.idx) == kind]
+
     # ------------------------------------------------------- Journal interface
     def add(self, command, idx, term):
         command = bytes(command)

@@ -13,7 +13,8 @@ import collections
 import logging
 import threading
 import time
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Callable, Protocol
 
 from pysyncobj.poller import PollPoller
 
@@ -107,12 +108,38 @@ class RaftLoop:
         self._to_sync: collections.deque = collections.deque()
         self._sync_wanted = threading.Condition()
         self._acks: list[tuple] = []
+        self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
 
     def add(self, group: "LoopGroup") -> None:
         self.groups.append(group)
+
+    def remove(self, group: "LoopGroup") -> None:
+        """Stop ticking ``group`` (loop thread, or before the loop starts)."""
+        self.groups = [g for g in self.groups if g is not group]
+        self._acks = [a for a in self._acks if a[0] is not group]
+        with self._sync_wanted:
+            if group in self._to_sync:
+                self._to_sync.remove(group)
+
+    def call(self, fn: Callable, timeout: float = 30.0):
+        """Run ``fn()`` on the loop thread (it owns the poller and the raft port) and
+        return its result; inline if the loop is not running."""
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            return fn()
+        fut: Future = Future()
+        self._calls.append((fn, fut))
+        return fut.result(timeout)
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            fn, fut = self._calls.popleft()
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
 
     def start(self) -> None:
         self._thread.start()
@@ -173,6 +200,7 @@ class RaftLoop:
     # --------------------------------------------------------------- loop
     def _run(self) -> None:
         while self._running:
+            self._run_calls()
             if self.hub is not None:
                 try:
                     self.hub.tick()

@@ -20,6 +20,8 @@ def _parse(argv):
     n.add_argument("--id", type=int, required=True, help="index of this node in --nodes")
     n.add_argument("--nodes", required=True, help="gRPC address of every node: H:P,H:P,H:P")
     n.add_argument("--groups", type=int, default=4, help="data raft groups (default 4)")
+    n.add_argument("--replication-factor", type=int, default=3,
+                   help="replicas of each data group, on distinct nodes (default 3; at most the nodes)")
     n.add_argument("--data-dir", required=True)
     n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
     n.add_argument("--max-message-bytes", type=int, default=4 << 20)
@@ -37,6 +39,8 @@ def _parse(argv):
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
     loc.add_argument("--groups", type=int, default=None, help="default 4 (or what --data-dir holds)")
+    loc.add_argument("--replication-factor", type=int, default=3,
+                     help="replicas of each data group (default 3; 1 on a one-node cluster)")
     loc.add_argument("--data-dir", default="./data")
     loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
@@ -52,6 +56,9 @@ def run_node(args) -> int:
     addresses = tuple(a.strip() for a in args.nodes.split(",") if a.strip())
     if not 0 <= args.id < len(addresses):
         print(f"--id {args.id} is not an index into --nodes (0..{len(addresses) - 1})", file=sys.stderr)
+        return 2
+    if args.replication_factor < 1:
+        print(f"--replication-factor {args.replication_factor}: give 1 or more", file=sys.stderr)
         return 2
     try:
         node = _make_node(args, addresses)
@@ -81,6 +88,7 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   segment_bytes=args.segment_bytes,
                                   retention_interval=args.retention_interval,
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,
+                                  replication=args.replication_factor,
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 
 
@@ -96,7 +104,8 @@ def run_local(args) -> int:
 
     try:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
-                               port=args.port, fsync=args.fsync)
+                               port=args.port, fsync=args.fsync,
+                               extra_args=["--replication-factor", str(args.replication_factor)])
     except (ValueError, DirectoryInUse) as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
@@ -23,13 +22,15 @@ from ..log.handles import OpenFiles, open_files_limit
 from ..log.retention import SegmentInfo, retention_cutoff
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
-from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, raft_address
+from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, grpc_address, raft_address
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
 from ..raft.groupcommit import CommitFailed, GroupCommitter
-from ..statemachine.commands import Drop, MetaCommand, Produce, ProduceItem, Truncate
+from ..statemachine.commands import Drop, MetaCommand, Produce, ProduceItem, SetPlacement, Truncate
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
 from .errors import NotLeader, ServiceError, not_found
+from .hosting import hosted_on_disk, initial_layout
+from .peers import ask_group, fetch_range
 
 __all__ = ["NodeConfig", "StorageNode"]
 
@@ -39,10 +40,6 @@ log = logging.getLogger(__name__)
 # How long a leader read waits for the leader's lease to be confirmed (a new
 # leader's first heartbeat round trip) before it answers not-leader.
 READ_LEASE_WAIT = 0.3
-# Snapshot catch-up from peers (fetch_from_peers): the whole wait, and how long the
-# leader alone is asked before the other peers are asked too.
-PEER_FETCH_S = 30.0
-PEER_HEDGE_S = 0.5
 
 
 def _settled(fut: Future, timeout: float) -> bool:
@@ -68,7 +65,8 @@ class NodeConfig:
     segment_sync_interval: float = 0.25
     commit_timeout: float = 10.0
     max_open_files: int = 0             # segment files held open; 0: half the process's fd limit
-    max_queues: int = 200_000           # queues in the cluster (every node holds all of them)
+    max_queues: int = 200_000           # queues in the cluster
+    replication: int = 3                # replicas of each data group (at most one per node)
     timing: RaftTiming = field(default_factory=RaftTiming)
 
     @property
@@ -90,7 +88,6 @@ class StorageNode:
     def _start(self) -> None:
         config = self.config
         self.started = time.time()
-        self._raft_to_grpc = {raft_address(a): a for a in config.addresses}
         self.meta = MetaState(config.groups)
         self.groups: dict[int, RaftGroup] = {}
         self.states: dict[int, DataState] = {}
@@ -101,16 +98,12 @@ class StorageNode:
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
                                   listen=raft_address(config.address),
                                   connection_timeout=max(3.5, config.timing.max_timeout))
-        self.groups[META_GROUP] = self._raft(META_GROUP, self.meta)
-        for g in range(1, config.groups + 1):
-            st = DataState(os.path.join(config.data_dir, f"group-{g}", "queues"),
-                           fsync=config.fsync == "always", segment_bytes=config.segment_bytes,
-                           files=self.files)
-            st.fetch_range = self.fetch_from_peers
-            self.states[g] = st
-            self.groups[g] = self._raft(g, st)
-            self.committers[g] = GroupCommitter(self.groups[g], _produce_entry,
-                                                max_entry_bytes=config.max_batch_bytes * 2)
+        # The placement this node starts from, until the metadata group's record
+        # is applied here (hosting.py): which data groups it hosts and where the others are.
+        self.layout = initial_layout(config.addresses, config.groups, config.replication, config.data_dir)
+        self.groups[META_GROUP] = self._raft(META_GROUP, self.meta, config.addresses)
+        for g in hosted_on_disk(config.data_dir) or [g for g, r in self.layout.items() if config.address in r]:
+            self._open_group(g, self.layout.get(g, config.addresses))
         self.raft_loop.start()
         # queue dir -> ((cleanable end, delete retention), CompactionResult) of its last pass
         self._compacted: dict = {}
@@ -119,20 +112,73 @@ class StorageNode:
         self._bg.start()
         self._flusher = threading.Thread(target=self._flush_segments, name="segment-sync", daemon=True)
         self._flusher.start()
+        self._placer = threading.Thread(target=self._reconcile, name="placement", daemon=True)
+        self._placer.start()
 
-    def _raft(self, g: int, state) -> RaftGroup:
+    def _raft(self, g: int, state, members) -> RaftGroup:
         c = self.config
-        return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in c.addresses],
+        return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
                          loop=self.raft_loop)
 
+    def _open_group(self, g: int, members) -> None:
+        """Open (or create, empty, with ``members``) this node's replica of data group ``g``."""
+        c = self.config
+        st = DataState(os.path.join(c.data_dir, f"group-{g}", "queues"), fsync=c.fsync == "always",
+                       segment_bytes=c.segment_bytes, files=self.files)
+        st.fetch_range = self.fetch_from_peers
+        raft = self._raft(g, st, members)
+        # Copies, not updates: other threads iterate these maps while a replica is added.
+        self.committers = {**self.committers,
+                           g: GroupCommitter(raft, _produce_entry, max_entry_bytes=c.max_batch_bytes * 2)}
+        self.states = {**self.states, g: st}
+        self.groups = {**self.groups, g: raft}
+
+    # -------------------------------------------------------------- placement
+    def replicas_of(self, group: int) -> list[str]:
+        """gRPC addresses of the group's replicas: as the metadata group recorded them,
+        else as this node started with them."""
+        if group == META_GROUP:
+            return list(self.config.addresses)
+        return self.meta.replicas_of(group) or list(self.layout.get(group, ()))
+
+    def hosted(self, group: int) -> RaftGroup:
+        """This node's replica of ``group``; NotLeader naming one that has it if there is none here."""
+        raft = self.groups.get(group)
+        if raft is None:
+            others = self.replicas_of(group)
+            raise NotLeader(group, others[0] if others else None,
+                            f"node {self.config.address} holds no replica of group {group}")
+        return raft
+
+    def _reconcile(self) -> None:
+        """Placement, every second: record the starting placement once (on the
+        metadata leader), and open replicas the record gives this node that it lacks."""
+        while not self._stopping.wait(1.0):
+            try:
+                self._record_initial_placement()
+                for g, replicas in self.meta.placement()[1].items():
+                    if self.config.address in replicas and g not in self.groups:
+                        log.info("opening a replica of group %d (placement %s)", g, replicas)
+                        self.raft_loop.call(lambda g=g, r=replicas: self._open_group(g, r))
+            except NotLeader:
+                pass
+            except Exception:
+                log.exception("placement pass failed")
+
+    def _record_initial_placement(self) -> None:
+        if self.meta.replicas or not self.groups[META_GROUP].is_leader:
+            return
+        self.meta_command(SetPlacement(tuple(self.config.addresses), self.layout, init=True))
+
     # ------------------------------------------------------------ leadership
     def leader_of(self, group: int) -> str | None:
-        addr = self.groups[group].leader_raft_address
-        return self._raft_to_grpc.get(addr) if addr else None
+        raft = self.groups.get(group)
+        addr = raft.leader_raft_address if raft is not None else None
+        return grpc_address(addr) if addr else None
 
     def require_leader(self, group: int) -> RaftGroup:
-        raft = self.groups[group]
+        raft = self.hosted(group)
         if not raft.is_leader:
             raise NotLeader(group, self.leader_of(group))
         return raft
@@ -220,11 +266,29 @@ class StorageNode:
 
     def queue_log(self, cfg: dict, queue: int, create: bool = False):
         g = self.group_of(cfg["name"], queue, cfg)
+        self.hosted(g)
         return g, self.states[g].queue(queue_dir(cfg["name"], cfg["incarnation"], queue), create)
+
+    def group_offsets(self, cfg: dict, g: int) -> tuple[dict[int, tuple[int, int, int]], str]:
+        """queue -> (earliest, latest, size_bytes) of the topic's queues in group ``g``,
+        and the node that answered: this node's replica if it has one, else the
+        group's leader (asked through its replicas)."""
+        name = cfg["name"]
+        queues = [q for q in range(cfg["queues"]) if self.group_of(name, q, cfg) == g]
+        if g in self.groups:
+            out = {}
+            for q in queues:
+                ql = self.states[g].queue(queue_dir(name, cfg["incarnation"], q))
+                out[q] = (ql.earliest, ql.next_offset, ql.size_bytes) if ql else (0, 0, 0)
+            return out, self.leader_of(g) or ""
+        resp, addr = ask_group(self.stub, self.replicas_of(g), "Offsets",
+                               rmq_pb2.OffsetsRequest(topic=name, group=g))
+        return {o.queue: (o.earliest, o.latest, o.size_bytes) for o in resp.queues}, addr
 
     def wait_for_data(self, cfg: dict, queue: int, offset: int, timeout: float):
         """The queue's log once it holds a record at ``offset``, or after ``timeout`` s."""
         g = self.group_of(cfg["name"], queue, cfg)
+        self.hosted(g)
         return self.states[g].wait_for_queue(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, timeout)
 
     def meta_command(self, cmd: MetaCommand):
@@ -307,55 +371,11 @@ class StorageNode:
         return rmq_pb2_grpc.MessageLogStub(ch)
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:
-        """Committed batches [start, end) of a queue from any peer that has them.
-
-        Runs on the raft thread (a snapshot install), so it must not wait on a
-        peer that cannot answer (cut off, paused): while it waits, none of the
-        node's groups ticks, and the peers count this node as gone. The
-        group's leader is asked first; if it has not answered within
-        ``PEER_HEDGE_S`` the other peers are asked too, and the first
-        non-empty answer wins.
-        """
+        """Committed batches [start, end) of a queue from a replica that has them (peers.py)."""
         topic, _, q = parse_queue_dir(qname)
-        leader = self.leader_of(self.group_of(topic, q))
-        peers = [a for a in self.config.addresses if a != self.config.address]
-        peers.sort(key=lambda a: a != leader)
-        req = rmq_pb2.ReplicaFetchRequest(queue_dir=qname, offset=start, end_offset=end, max_bytes=8 << 20)
-        answers: queue.Queue = queue.Queue()
-        asked: list = []
-
-        def ask(addresses) -> None:
-            for addr in addresses:
-                fut = self.stub(addr).ReplicaFetch.future(req, timeout=PEER_FETCH_S)
-                fut.add_done_callback(answers.put)
-                asked.append(fut)
-
-        deadline = time.monotonic() + PEER_FETCH_S
-        ask(peers[:1])
-        answered, last_error = 0, None
-        while answered < len(asked):
-            hedged = len(asked) == len(peers)
-            try:
-                fut = answers.get(timeout=max(0.0, deadline - time.monotonic()) if hedged else PEER_HEDGE_S)
-            except queue.Empty:
-                if hedged:
-                    break
-                ask(peers[len(asked):])                    # the leader is slow: ask the rest too
-                continue
-            answered += 1
-            try:
-                batches = fut.result().batches
-            except grpc.RpcError as e:
-                last_error, batches = e, b""
-            if batches:
-                for other in asked:
-                    other.cancel()
-                return batches
-            ask(peers[len(asked):])                        # no luck there: ask the rest now
-        for fut in asked:
-            fut.cancel()
-        log.warning("catch-up of %s [%d, %d): no peer could serve it (%s)", qname, start, end, last_error)
-        return b""
+        g = self.group_of(topic, q)
+        peers = [a for a in self.replicas_of(g) if a != self.config.address]
+        return fetch_range(self.stub, qname, start, end, peers, self.leader_of(g))
 
     def replica_read(self, qname: str, start: int, end: int, max_bytes: int) -> bytes:
         ql = next((q for st in self.states.values() if (q := st.queue(qname)) is not None), None)
@@ -465,12 +485,13 @@ class StorageNode:
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
                           applied_index=raft.raftLastApplied, term=raft.raftCurrentTerm,
                           raft_log_entries=len(raft.journal), queues=len(queues),
-                          bytes=sum(q.size_bytes for q in queues))
+                          bytes=sum(q.size_bytes for q in queues),
+                          replicas=[grpc_address(m) for m in raft.members])
         return st
 
     def stop(self) -> None:
         self._stopping.set()
-        for t in (self._bg, self._flusher):   # no retention proposal into stopped groups
+        for t in (self._bg, self._flusher, self._placer):   # no proposal into stopped groups
             t.join(timeout=5)
         for c in self.committers.values():
             c.stop()

@@ -144,12 +144,16 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         job, job_expires = self.node.meta.lease(cfg["name"], "tier", int(time.time() * 1000))
         resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg), tier_job=job,
                                              tier_job_expires_ms=job_expires)
+        stats, leaders = {}, {}
+        for g in sorted({self.node.group_of(cfg["name"], q, cfg) for q in range(cfg["queues"])}):
+            found, leader = self.node.group_offsets(cfg, g)
+            stats.update(found)
+            leaders.update(dict.fromkeys(found, leader))
         for q in range(cfg["queues"]):
-            g, ql = self.node.queue_log(cfg, q)
-            resp.queues.add(queue=q, group=g, earliest=ql.earliest if ql else 0,
-                            latest=ql.next_offset if ql else 0, size_bytes=ql.size_bytes if ql else 0,
-                            protected_offset=archived.get(q, -1), leader=self.node.leader_of(g) or "",
-                            archive_earliest=archive_earliest.get(q, -1),
+            earliest, latest, size = stats.get(q, (0, 0, 0))
+            resp.queues.add(queue=q, group=self.node.group_of(cfg["name"], q, cfg), earliest=earliest,
+                            latest=latest, size_bytes=size, protected_offset=archived.get(q, -1),
+                            leader=leaders.get(q, ""), archive_earliest=archive_earliest.get(q, -1),
                             compacted=compacted.get(q, -1))
         return resp
 
@@ -211,7 +215,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
         resp = rmq_pb2.ProduceResponse()
         for q, part in sorted(by_queue.items()):
             g = self.node.group_of(cfg["name"], q, cfg)
-            if self.node.groups[g].is_leader:
+            raft = self.node.groups.get(g)
+            if raft is not None and raft.is_leader:
                 res = self.node.produce(cfg, q, messages_to_block(part), len(part), "", 0)
                 resp.results.append(self._result(q, res))
             else:
@@ -288,11 +293,14 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
                 raise invalid(f"group {request.group}: valid data groups are 1..{self.node.config.groups}")
             self.node.require_read_leader(request.group)
         resp = rmq_pb2.OffsetsResponse()
-        for q in range(cfg["queues"]):
-            g, ql = self.node.queue_log(cfg, q)
-            if request.group and g != request.group:
-                continue
-            resp.queues.add(queue=q, earliest=ql.earliest if ql else 0, latest=ql.next_offset if ql else 0)
+        groups = [request.group] if request.group else sorted(
+            {self.node.group_of(cfg["name"], q, cfg) for q in range(cfg["queues"])})
+        found = {}
+        for g in groups:
+            found.update(self.node.group_offsets(cfg, g)[0])
+        for q in sorted(found):
+            earliest, latest, size = found[q]
+            resp.queues.add(queue=q, earliest=earliest, latest=latest, size_bytes=size)
         return resp
 
     @_guard
@@ -375,6 +383,9 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ClusterStatus(self, request, context):
         resp = rmq_pb2.ClusterStatusResponse(groups=self.node.config.groups)
+        nodes, replicas = self.node.meta.placement()
+        for g in sorted(replicas):
+            resp.placement.add(group=g, replicas=replicas[g])
         for addr in self.node.config.addresses:
             if addr == self.node.config.address:
                 resp.nodes.append(self.node.local_status())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
-           "MetaCommand", "Produce", "ProduceItem", "SetWatermark", "Truncate", "UnknownCommand",
+           "MetaCommand", "Produce", "ProduceItem", "SetPlacement", "SetWatermark", "Truncate", "UnknownCommand",
            "decode_command"]
 
 
@@ -133,10 +133,22 @@ class Lease(_Command):
     now_ms: int             # the proposing leader's clock: every replica decides alike
 
 
+@dataclass(frozen=True, slots=True)
+class SetPlacement(_Command):
+    """The cluster's nodes and each data group's replicas (gRPC addresses).
+
+    ``init``: the placement of a cluster's first start, which every founding
+    node computed alike; applied only while none is recorded."""
+    KIND: ClassVar[str] = "set_placement"
+    nodes: tuple
+    replicas: dict          # data group -> [address, ...]
+    init: bool = False
+
+
 DataCommand = Union[Produce, Truncate, Drop]
-MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease]
+MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease, SetPlacement]
 _TYPES = {t.KIND: t for t in (Produce, Truncate, Drop, CreateTopic, AlterTopic, DeleteTopic, CommitOffsets,
-                              SetWatermark, Lease)}
+                              SetWatermark, Lease, SetPlacement)}
 
 
 def decode_command(raw) -> DataCommand | MetaCommand:

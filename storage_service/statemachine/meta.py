@@ -12,8 +12,8 @@ import threading
 import uuid
 
 from ..protocol.placement import assign_groups, group_of
-from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetWatermark, UnknownCommand,
-                       decode_command)
+from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetPlacement, SetWatermark,
+                       UnknownCommand, decode_command)
 
 __all__ = ["FENCED_WATERMARKS", "MetaState", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
 
@@ -60,6 +60,10 @@ class MetaState:
         # topic -> kind -> [owner, expires_ms, token]; the token is the raft index of the
         # entry that gave the lease to its owner: it changes whenever the holder does
         self.leases: dict[str, dict[str, list]] = {}
+        # The placement role (RIP-20's nameserver): the cluster's nodes (gRPC
+        # address -> {"state": ...}) and each data group's replicas.
+        self.nodes: dict[str, dict] = {}
+        self.replicas: dict[int, list[str]] = {}
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, raw: tuple):
@@ -182,8 +186,17 @@ class MetaState:
         leases[kind] = [owner, now_ms + ttl_ms, token]
         return ("ok", (True, owner, now_ms + ttl_ms, token))
 
+    def _set_placement(self, raft_index: int, cmd: SetPlacement):
+        if cmd.init and self.replicas:
+            return ("ok", False)         # recorded already: the first one stands
+        for address in cmd.nodes:
+            self.nodes.setdefault(address, {"state": "active"})
+        self.replicas = {int(g): list(r) for g, r in cmd.replicas.items()}
+        return ("ok", True)
+
     _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
-                 CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease}
+                 CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease,
+                 SetPlacement: _set_placement}
 
     # ---------------------------------------------------------------- queries
     def list_topics(self) -> list[dict]:
@@ -216,6 +229,16 @@ class MetaState:
         with self.lock:
             return sum(t["queues"] for t in self.topics.values())
 
+    def placement(self) -> tuple[dict[str, dict], dict[int, list[str]]]:
+        """(nodes, data group -> replicas) as recorded; empty before the first record."""
+        with self.lock:
+            return ({a: dict(v) for a, v in self.nodes.items()},
+                    {g: list(r) for g, r in self.replicas.items()})
+
+    def replicas_of(self, group: int) -> list[str]:
+        with self.lock:
+            return list(self.replicas.get(group, ()))
+
     def lease(self, topic: str, kind: str, now_ms: int) -> tuple[str, int]:
         """(owner, expires_ms) of a lease still running at ``now_ms``, else ("", 0)."""
         with self.lock:
@@ -227,7 +250,8 @@ class MetaState:
         with self.lock:
             return json.dumps({"topics": self.topics, "offsets": self.offsets,
                                "watermarks": self.watermarks, "deleted": self.deleted,
-                               "leases": self.leases}).encode()
+                               "leases": self.leases, "nodes": self.nodes,
+                               "replicas": {str(g): r for g, r in self.replicas.items()}}).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
@@ -237,6 +261,8 @@ class MetaState:
             self.offsets, self.watermarks = d["offsets"], d["watermarks"]
             self.deleted = d.get("deleted", {})
             self.leases = d.get("leases", {})
+            self.nodes = d.get("nodes", {})
+            self.replicas = {int(g): r for g, r in d.get("replicas", {}).items()}
 
     def close(self) -> None:
         pass
