@@ -87,3 +87,77 @@ def test_any_node_routes_produce_and_fetch_to_the_groups_it_does_not_hold(five):
             assert all(q["leader"] for q in info)
         finally:
             c.close()
+
+
+# ------------------------------------------------------------- joins and moves
+def moving(st: dict) -> list[int]:
+    """Data groups whose voters (as their leader reports them) differ from the record."""
+    out = []
+    for g, want in st["placement"].items():
+        leader = next((gs for n in st["nodes"] for gs in n["groups"]
+                       if gs["group"] == g and gs["leader"] == n["address"]), None)
+        if leader is None or sorted(leader["replicas"]) != sorted(want):
+            out.append(g)
+    return out
+
+
+def settled(client) -> dict:
+    """Cluster status once no group is moving and every rebalance asked is done."""
+    def done():
+        st = client.cluster_status()
+        return st if not moving(st) and st["rebalance_done"] >= st["rebalance_asked"] else None
+    return wait_until(done, timeout=180, interval=0.5, what="the controller settling")
+
+
+def per_node(st: dict) -> tuple[dict, dict]:
+    replicas = collections.Counter(a for reps in st["placement"].values() for a in reps)
+    leaders = collections.Counter(gs["leader"] for n in st["nodes"] for gs in n["groups"]
+                                  if gs["group"] != 0 and gs["leader"] == n["address"])
+    return replicas, leaders
+
+
+def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
+    c = start_cluster(tmp_path / "grow", nodes=3, groups=6, extra_args=("--replication-factor", "3"))
+    client = Client(c.endpoints)
+    try:
+        client.create_topic("elastic", queues=6)
+        sent = {q: [] for q in range(6)}
+
+        def produce(tag: str, n: int = 20) -> None:
+            for q in range(6):
+                vals = [f"{tag}-{q}-{i}".encode() for i in range(n)]
+                client.produce("elastic", vals, queue=q)
+                sent[q] += vals
+
+        produce("before")
+        c.add_node()
+        c.add_node()
+        st = client.cluster_status()
+        assert {m["address"] for m in st["members"]} == set(c.addresses)
+        assert all(m["state"] == "active" for m in st["members"])
+        produce("joined")
+
+        print(client.cluster_command("rebalance"))
+        st = settled(client)
+        replicas, leaders = per_node(st)
+        assert set(replicas) == set(c.addresses), replicas
+        assert max(replicas.values()) - min(replicas.values()) <= 1, replicas
+        assert max(leaders.values()) - min(leaders[a] for a in c.addresses) <= 1, leaders
+        assert all(len(set(r)) == 3 for r in st["placement"].values())
+        produce("balanced")
+
+        gone = c.addresses[0]
+        print(client.cluster_command("decommission", gone))
+        wait_until(lambda: next(m for m in client.cluster_status()["members"]
+                                if m["address"] == gone)["state"] == "removed",
+                   timeout=180, interval=0.5, what=f"{gone} removed")
+        st = settled(client)
+        assert all(gone not in r and len(set(r)) == 3 for r in st["placement"].values()), st["placement"]
+        c.kill(0)
+        produce("after")
+        for q in range(6):
+            got = [r.value for r in client.fetch("elastic", q, 0, max_messages=10_000).records]
+            assert got == sent[q], (q, len(got), len(sent[q]))
+    finally:
+        client.close()
+        c.stop()

@@ -22,10 +22,11 @@ pytestmark = pytest.mark.integration
 class _Node:
     """One process-local "node": a RaftLoop with its hub, and group 1 on it."""
 
-    def __init__(self, address: str, members: list[str], data_dir):
+    def __init__(self, address: str, members: list[str], data_dir, members_index: int = 0):
         self.address = address
         self.loop = RaftLoop(0.05, name=f"m-{address}", listen=address)
-        self.group = RaftGroup(1, address, members, str(data_dir), MetaState(), loop=self.loop)
+        self.group = RaftGroup(1, address, members, str(data_dir), MetaState(), loop=self.loop,
+                               members_index=members_index)
         self.loop.start()
 
     def stop(self) -> None:
@@ -39,8 +40,14 @@ def net(tmp_path):
     addrs = [f"127.0.0.1:{base + i}" for i in range(5)]
     nodes: dict[str, _Node] = {}
 
-    def start(i: int, members: list[str]) -> _Node:
-        nodes[addrs[i]] = _Node(addrs[i], members, tmp_path / f"n{i}")
+    def start(i: int, members: list[str] | None = None) -> _Node:
+        """Node i with group 1: founding ``members``, or (None) a new replica that
+        starts from the running group's configuration as of its commit index."""
+        index = 0
+        if members is None:
+            leader = _leader(nodes)
+            members, index = leader._loop.call(leader.config_at_commit)
+        nodes[addrs[i]] = _Node(addrs[i], members, tmp_path / f"n{i}", index)
         return nodes[addrs[i]]
 
     def stop(i: int) -> None:
@@ -89,7 +96,7 @@ def test_add_a_replica_from_a_snapshot_remove_one_then_restart_everything(net):
     wait_until(lambda: leader.journal[0][1] > 1, timeout=10, what="the leader's journal compacted")
     _create(nodes, "t2")
 
-    start(3, [a, b, c, d])                       # d: a new, empty replica
+    start(3)                                     # d: a new, empty replica
     assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
     _create(nodes, "t3")
     assert os.path.isfile(nodes[d].group._SyncObj__conf.fullDumpFile)   # it came as a snapshot
@@ -108,7 +115,8 @@ def test_add_a_replica_from_a_snapshot_remove_one_then_restart_everything(net):
     stop(addrs.index(other))
     _create(nodes, "t4")
 
-    # full restart, each from its directory (the list given now is ignored: members file + log)
+    # full restart, each from its directory (the list given now is ignored: members file,
+    # snapshot and log)
     for x in list(nodes):
         stop(addrs.index(x))
     for x in live:
@@ -124,7 +132,7 @@ def test_a_snapshot_records_the_configuration_at_its_own_index(net, tmp_path):
     a, b, c, d = addrs[:4]
     for i in range(3):
         start(i, addrs[:3])
-    start(3, [a, b, c, d])
+    start(3)
     assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
     _create(nodes, "t1")
     for n in nodes.values():
@@ -143,8 +151,8 @@ def test_membership_changes_one_at_a_time(net):
     for i in range(3):
         start(i, addrs[:3])
     _create(nodes, "t1")
-    start(3, [a, b, c, d])
-    start(4, [a, b, c, e])
+    start(3)
+    start(4)
     leader = _leader(nodes)
     results: list[int] = []
     both = threading.Event()
@@ -175,3 +183,78 @@ def test_replay_and_rewind_are_inverse():
     assert membership.rewind(membership.replay(base, log), log) == base
     assert membership.replay(base, log[:1]) == {"a:1", "b:1", "c:1", "d:1"}
 
+
+
+def test_a_replica_added_later_starts_from_the_configuration_at_the_commit_index(net):
+    """No snapshot: a new replica replays the log on top of the configuration it was
+    given (as of the group's commit index), so it agrees with the group on who votes
+    even after earlier changes (it would count a removed founder otherwise)."""
+    addrs, nodes, start, stop = net
+    a, b, c, d, e = addrs
+    for i in range(3):
+        start(i, addrs[:3])
+    _create(nodes, "t1")
+    start(3)
+    assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
+    leader = _leader(nodes)
+    gone = next(x for x in (a, b, c) if x != leader.selfNode.address)
+    assert _call(leader.remove_member, gone) == FAIL_REASON.SUCCESS
+    stop(addrs.index(gone))
+    start(4)
+    assert _call(_leader(nodes).add_member, e) == FAIL_REASON.SUCCESS
+    _create(nodes, "t2")
+    want = sorted(x for x in addrs if x != gone)
+    wait_until(lambda: all(n.group.members == want for n in nodes.values()), timeout=10,
+               what="every replica agreeing on the voters")
+    assert not os.path.isfile(nodes[e].group._SyncObj__conf.fullDumpFile)     # it replayed the log
+    stop(addrs.index(e))
+    start(4, [a])                    # restarted: its members file, not this list, says who votes
+    assert nodes[e].group.members == want
+
+
+def test_leadership_moves_to_a_chosen_voter(net):
+    addrs, nodes, start, _ = net
+    for i in range(3):
+        start(i, addrs[:3])
+    _create(nodes, "t1")
+    leader = _leader(nodes)
+    to = next(a for a in addrs[:3] if a != leader.selfNode.address)
+    assert leader.transfer_to(to, timeout=5)
+    assert _leader(nodes).selfNode.address == to
+    _create(nodes, "t2")
+
+
+def test_leadership_moves_to_a_replica_added_later(net):
+    addrs, nodes, start, stop = net
+    a, b, c, d, e = addrs
+    for i in range(3):
+        start(i, addrs[:3])
+    _create(nodes, "t1")
+    start(3)
+    assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
+    _create(nodes, "t2")
+    leader = _leader(nodes)
+    assert leader.transfer_to(d, timeout=5)
+    assert _leader(nodes).selfNode.address == d
+    _create(nodes, "t3")
+
+
+def test_leadership_moves_to_a_replica_added_after_a_leader_change(net):
+    addrs, nodes, start, stop = net
+    a, b, c, d, e = addrs
+    for i in range(3):
+        start(i, addrs[:3])
+    _create(nodes, "t1")
+    leader = _leader(nodes)
+    other = next(x for x in (a, b, c) if x != leader.selfNode.address)
+    assert leader.transfer_to(other, timeout=5)
+    _create(nodes, "t2")
+    start(3)
+    assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
+    leader = _leader(nodes)
+    gone = next(x for x in (a, b, c) if x != leader.selfNode.address)
+    assert _call(leader.remove_member, gone) == FAIL_REASON.SUCCESS
+    stop(addrs.index(gone))
+    _create(nodes, "t3")
+    assert _leader(nodes).transfer_to(d, timeout=5)
+    _create(nodes, "t4")

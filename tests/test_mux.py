@@ -137,3 +137,23 @@ def test_frames_for_a_group_this_node_does_not_host_are_dropped(tmp_path):
     finally:
         na.stop()
         nb.stop()
+
+
+def test_a_group_opened_while_its_peers_are_connected_counts_them(cluster):
+    """A replica added to a running group: the hub already talks to its peers, so
+    no connect event comes; the group must still see them (else it never elects
+    and, as a leader, never sends)."""
+    addrs, nodes, tmp_path = cluster
+    _commit_in_every_group(nodes, 1)
+    late = {}
+    for i, n in enumerate(nodes):
+        late[i] = n.loop.call(lambda n=n, i=i: RaftGroup(GROUPS, n.loop.hub.address, addrs,
+                                                          str(tmp_path / f"late{i}"), MetaState(), loop=n.loop))
+        n.loop.call(lambda n=n, g=late[i]: n.loop.add(g))
+    try:
+        wait_until(lambda: all(g._SyncObj__connectedToAnyone() for g in late.values()), timeout=5,
+                   what="the late groups counting their peers connected")
+        wait_until(lambda: sum(g.is_leader for g in late.values()) == 1, timeout=20, what="a leader of the late group")
+    finally:
+        for i, n in enumerate(nodes):
+            n.loop.call(late[i].close)

@@ -433,7 +433,8 @@ class Client:
     def cluster_status(self, address: str | None = None) -> dict:
         """Every node's status (as the answering node reached them) and the data groups'
         placement as its metadata replica records it; ``address`` pins the node asked."""
-        resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest(), address=address)
+        resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest(), address=address,
+                         group=None if address else META_GROUP)
         nodes = []
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
@@ -443,7 +444,17 @@ class Client:
                                            raft_log_entries=g.raft_log_entries, queues=g.queues,
                                            bytes=g.bytes, replicas=list(g.replicas)) for g in n.groups]))
         return {"groups": resp.groups, "nodes": nodes,
-                "placement": {p.group: list(p.replicas) for p in resp.placement}}
+                "placement": {p.group: list(p.replicas) for p in resp.placement},
+                "members": [dict(address=m.address, node_id=m.node_id, state=m.state, since_ms=m.since_ms)
+                            for m in resp.members],
+                "controller": resp.controller, "rebalance_asked": resp.rebalance_asked,
+                "rebalance_done": resp.rebalance_done}
+
+    def cluster_command(self, action: str, node: str = "") -> str:
+        """``rebalance``, or ``decommission`` ``node`` (its address as cluster status shows
+        it): recorded by the metadata leader, carried out by its controller."""
+        return self.call("ClusterCommand", rmq_pb2.ClusterCommandRequest(action=action, node=node),
+                         group=META_GROUP).message
 
     def health(self, address: str | None = None, timeout: float = 5.0) -> dict:
         r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=timeout)

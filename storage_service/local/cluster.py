@@ -61,6 +61,7 @@ class LocalCluster:
         self.extra_args = list(extra_args)
         self.log_dir = log_dir or self.data_dir
         os.makedirs(self.data_dir, exist_ok=True)
+        self.founders = saved.get("founders", self.nodes) if saved else self.nodes
         self.addresses = self._addresses(port)
         self.procs: list[subprocess.Popen | None] = [None] * self.nodes
 
@@ -84,17 +85,38 @@ class LocalCluster:
                 used = [b + k for b in bases for k in range(span)]
                 bases.append(free_port_block(span, h, used))
         addresses = [f"{h}:{b}" for h, b in zip(self.hosts, bases)]
-        with open(os.path.join(self.data_dir, "cluster.json"), "w") as f:
-            json.dump({"nodes": self.nodes, "groups": self.groups, "addresses": addresses}, f)
+        self._save(addresses)
         return addresses
+
+    def _save(self, addresses: list[str]) -> None:
+        with open(os.path.join(self.data_dir, "cluster.json"), "w") as f:
+            json.dump({"nodes": len(addresses), "groups": self.groups, "addresses": addresses,
+                       "founders": self.founders}, f)
+
+    def add_node(self, timeout: float = 60.0, start: bool = True) -> int:
+        """Start one more node that joins the running cluster (``--join``); its index."""
+        used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(3)]
+        base = free_port_block(3, self.host, used)
+        self.addresses.append(f"{self.host}:{base}")
+        self.hosts.append(self.host)
+        self.procs.append(None)
+        self.nodes += 1
+        self._save(self.addresses)
+        i = self.nodes - 1
+        if start:
+            self.start_node(i)
+            self.wait_ready(timeout, nodes=[i])
+        return i
 
     @property
     def endpoints(self) -> str:
         return ",".join(self.addresses)
 
     def node_command(self, i: int) -> list[str]:
-        return [sys.executable, "-m", "storage_service.server.cli", "node", "--id", str(i),
-                "--nodes", self.endpoints, "--groups", str(self.groups),
+        founders = ",".join(self.addresses[:self.founders])
+        who = (["--id", str(i), "--nodes", founders] if i < self.founders
+               else ["--listen", self.addresses[i], "--join", founders])
+        return [sys.executable, "-m", "storage_service.server.cli", "node", *who, "--groups", str(self.groups),
                 "--data-dir", os.path.join(self.data_dir, f"node-{i}"),
                 "--fsync", self.fsync, *self.extra_args]
 

@@ -86,7 +86,10 @@ class RaftTiming:
 class RaftGroup(Membership, LeaseElection, SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
-                 loop: RaftLoop | None = None):
+                 loop: RaftLoop | None = None, members_index: int = 0):
+        """``peers``: the group's voters (raft addresses) as of raft index
+        ``members_index`` (0: a founding replica); kept in the replica's
+        ``members`` file when it is created, and ignored once it has one."""
         self.group_id = group_id
         self.state = state
         self.timing = timing
@@ -119,14 +122,15 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             appendEntriesUseBatch=False)
         self._committer = None
         self._loop = loop
+        self._transfer = None            # (target raft address, deadline, sent) while handing over
         # The replica's initial members, recorded when it was created: a restart
         # (and membership.py) starts from them, not from the caller's list.
-        initial = membership.read_members(data_dir)
-        if initial is None:
-            membership.write_members(data_dir, peers)
-            initial = list(peers)
-        self.initial_members = set(initial) | {self_addr}
-        others = [p for p in initial if p != self_addr]
+        recorded = membership.read_members(data_dir)
+        if recorded is None:
+            membership.write_members(data_dir, peers, members_index)
+            recorded = (list(peers), members_index)
+        self.initial_members, self.members_index = set(recorded[0]), recorded[1]
+        others = [p for p in recorded[0] if p != self_addr]
         kwargs = {}
         if loop is not None and loop.hub is not None:
             kwargs["transportClass"] = functools.partial(MuxTransport, loop.hub, group_id)
@@ -171,6 +175,8 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         self.journal = journal
 
     def _checkCommandsToApply(self):
+        if self._transfer is not None and self._transfer_step():
+            return                       # new entries wait while leadership moves (membership.py)
         if self._committer is not None:
             self._committer.drain()      # group commit: queued produce calls -> one entry
         super()._checkCommandsToApply()
@@ -462,6 +468,17 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             self._loop.stop()      # the node stops all its groups together
         else:
             self._thread.join(timeout=5)
+        self._destroy()
+
+    def close(self) -> None:
+        """Stop this group alone, its node's loop going on (a replica moved away).
+        Runs on the loop thread (``RaftLoop.call``)."""
+        self._running = False
+        if self._loop is not None:
+            self._loop.remove(self)
+        self._destroy()
+
+    def _destroy(self) -> None:
         try:
             self._doDestroy()
         finally:

@@ -14,10 +14,16 @@ again between the two).
 Here the configuration is a function of durable state, computed once at
 start and after a snapshot is installed:
 
-  config = the config recorded in the snapshot (at the snapshot's index)
-           or, without one, the group's initial members (``members`` file,
-           written when the replica was created)
+  config = the newer of two records: the config in the snapshot (as of the
+           snapshot's index) and the replica's ``members`` file (as of the
+           index written in it: 0 for a group's founding replicas, the
+           group's commit index when a replica was added to a running group),
            + every membership entry in the journal after that index, in order.
+
+A replica added to a running group takes the group's configuration as of
+its commit index from the leader (``RaftGroup.config_at_commit``): committed
+entries are never truncated, so its record never names a configuration the
+group may roll back, and the entries it then receives apply on top of it.
 
 Apply-time re-application is turned off (``RaftGroup``); append-time changes
 and their reversal stay pysyncobj's. A snapshot records the configuration as
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import time
 from typing import Callable, Iterable
 
 import pysyncobj.pickle
@@ -114,20 +121,23 @@ def snapshot_config(path: str) -> tuple[set[str] | None, int]:
     return members, idx
 
 
-def read_members(group_dir: str) -> list[str] | None:
+def read_members(group_dir: str) -> tuple[list[str], int] | None:
+    """(members, index) of the replica's ``members`` file, or None if it has none."""
     try:
         with open(os.path.join(group_dir, MEMBERS_FILE)) as f:
-            return json.load(f)
+            rec = json.load(f)
     except FileNotFoundError:
         return None
+    return rec["members"], int(rec["index"])
 
 
-def write_members(group_dir: str, members: Iterable[str]) -> None:
-    """The replica's initial members, durably (written once, when the replica is created)."""
+def write_members(group_dir: str, members: Iterable[str], index: int = 0) -> None:
+    """The replica's configuration as of raft index ``index``, durably (written
+    once, when the replica is created)."""
     path = os.path.join(group_dir, MEMBERS_FILE)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(sorted(members), f)
+        json.dump({"members": sorted(members), "index": index}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -147,11 +157,18 @@ class Membership:
         snapshot's config (else the initial members) + the journal's changes after it."""
         path = self._SyncObj__conf.fullDumpFile
         base, base_idx = snapshot_config(path) if os.path.isfile(path) else (None, 0)
-        if base is None:
-            base, base_idx = self.initial_members, 0
+        if base is None or base_idx < self.members_index:
+            base, base_idx = self.initial_members, self.members_index
         config = replay(base, self.journal.commands_after(base_idx, _COMMAND_TYPE.MEMBERSHIP))
         me = self.selfNode.address
         self._SyncObj__updateClusterConfiguration([a for a in config if a != me])
+
+    def config_at_commit(self) -> tuple[list[str], int]:
+        """(voters, commit index): the configuration as of the commit index, what a
+        replica added now starts from (tick thread, or under ``RaftLoop.call``)."""
+        commit = self.raftCommitIndex
+        current = {n.address for n in self.otherNodes} | {self.selfNode.address}
+        return sorted(rewind(current, self.journal.commands_after(commit, _COMMAND_TYPE.MEMBERSHIP))), commit
 
     @property
     def members(self) -> list[str]:
@@ -165,6 +182,50 @@ class Membership:
 
     def remove_member(self, address: str, callback: Callable) -> None:
         self.removeNodeFromCluster(address, callback=callback)
+
+    def transfer_to(self, address: str, timeout: float = 3.0) -> bool:
+        """Hand the leadership to voter ``address`` (any thread; blocks): True once
+        this node no longer leads and names ``address`` as leader.
+
+        pysyncobj sends TimeoutNow only to a target whose match index is the
+        leader's last index, which under load it never is. So new entries wait
+        (``_transfer_step`` on the tick thread holds the command queue) until the
+        target has everything, then TimeoutNow goes; if the target has not
+        taken over by ``timeout``, entries flow again and the answer is False.
+        """
+        deadline = time.monotonic() + timeout
+        self._transfer = [address, deadline, False]
+        self.wake()
+        try:
+            while time.monotonic() < deadline:
+                if not self._isLeader():
+                    return self.leader_hint == address or self._wait_hint(address, deadline)
+                time.sleep(0.01)
+            return False
+        finally:
+            self._transfer = None
+            self.wake()
+
+    def _wait_hint(self, address: str, deadline: float) -> bool:
+        while time.monotonic() < deadline:
+            if self.leader_hint == address:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def _transfer_step(self) -> bool:
+        """Tick thread: True while new entries must wait for a transfer."""
+        target = self._transfer
+        if target is None or time.monotonic() >= target[1] or not self._isLeader():
+            return False
+        if not target[2]:
+            node = next((n for n in self.otherNodes if n.address == target[0]), None)
+            if node is None:
+                return False
+            if self._SyncObj__raftMatchIndex.get(node, 0) == self._SyncObj__raftLog[-1][1]:
+                self.transferLeadership(node)
+                target[2] = True
+        return True
 
     def _SyncObj__changeCluster(self, request):
         # One change at a time: pysyncobj means to refuse a change while the last

@@ -261,6 +261,16 @@ class MuxTransport(Transport):
         for node in otherNodes:
             self.addNode(node)
 
+    def setOnNodeConnectedCallback(self, callback) -> None:
+        # pysyncobj sets its callbacks after building the transport, and the
+        # constructor's addNode calls ran without one: a group opened while the
+        # node already talks to its peers (a replica added to a running group)
+        # would never count them as connected (no election, no appends).
+        super().setOnNodeConnectedCallback(callback)
+        for address, node in self._nodes.items():
+            if self._hub.is_up(address):
+                self._onNodeConnected(node)
+
     def addNode(self, node) -> None:
         if node.address in self._nodes:
             return

@@ -17,8 +17,11 @@ def _parse(argv):
     p = argparse.ArgumentParser(prog="rmq-storage", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     n = sub.add_parser("node", help="run one node of a cluster (multi-host deployments)")
-    n.add_argument("--id", type=int, required=True, help="index of this node in --nodes")
-    n.add_argument("--nodes", required=True, help="gRPC address of every node: H:P,H:P,H:P")
+    n.add_argument("--id", type=int, help="founding node: its index in --nodes")
+    n.add_argument("--nodes", help="founding nodes: the gRPC address of each, H:P,H:P,H:P")
+    n.add_argument("--listen", help="joining node: its gRPC address HOST:PORT (raft and produce take "
+                                    "the next two ports)")
+    n.add_argument("--join", help="joining node: nodes of the running cluster, H:P[,H:P]")
     n.add_argument("--groups", type=int, default=4, help="data raft groups (default 4)")
     n.add_argument("--replication-factor", type=int, default=3,
                    help="replicas of each data group, on distinct nodes (default 3; at most the nodes)")
@@ -35,6 +38,9 @@ def _parse(argv):
     n.add_argument("--max-queues", type=int, default=200_000,
                    help="queues the cluster may hold (default 200,000); a create or growth past "
                         "it is refused with RESOURCE_EXHAUSTED")
+    n.add_argument("--repair-after", type=float, default=300.0,
+                   help="seconds a node may be down before its replicas are re-created on other nodes "
+                        "(default 300)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -53,7 +59,17 @@ def run_node(args) -> int:
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reuse_big_buffers()
-    addresses = tuple(a.strip() for a in args.nodes.split(",") if a.strip())
+    if args.join:
+        if not args.listen or args.nodes or args.id is not None:
+            print("a joining node takes --listen HOST:PORT --join H:P[,H:P] (not --id/--nodes)", file=sys.stderr)
+            return 2
+        addresses, args.id = (args.listen,), 0
+    elif args.nodes is None or args.id is None or args.listen:
+        print("give --id N --nodes H:P,... (a founding node) or --listen HOST:PORT --join H:P[,H:P] "
+              "(a node joining a running cluster)", file=sys.stderr)
+        return 2
+    else:
+        addresses = tuple(a.strip() for a in args.nodes.split(",") if a.strip())
     if not 0 <= args.id < len(addresses):
         print(f"--id {args.id} is not an index into --nodes (0..{len(addresses) - 1})", file=sys.stderr)
         return 2
@@ -68,6 +84,9 @@ def run_node(args) -> int:
     except OSError as e:               # the raft port is taken
         print(f"rmq-storage: {e.strerror or e} (each node needs its gRPC port and the two "
               "after it: raft, produce)", file=sys.stderr)
+        return 2
+    except RuntimeError as e:          # could not join
+        print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
     server = serve(node)
     stop = _stop_on_signals()
@@ -88,7 +107,8 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   segment_bytes=args.segment_bytes,
                                   retention_interval=args.retention_interval,
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,
-                                  replication=args.replication_factor,
+                                  replication=args.replication_factor, repair_after=args.repair_after,
+                                  join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 
 

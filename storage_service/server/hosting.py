@@ -13,13 +13,16 @@ node, whatever the replication factor asked now.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Sequence
 
 from ..protocol.placement import initial_replicas
 from ..raft.membership import MEMBERS_FILE
 
-__all__ = ["hosted_on_disk", "initial_layout"]
+__all__ = ["hosted_on_disk", "initial_layout", "joined_groups", "record_join"]
+
+JOINED_FILE = "joined.json"
 
 
 def hosted_on_disk(data_dir: str) -> list[int]:
@@ -44,3 +47,20 @@ def initial_layout(addresses: Sequence[str], groups: int, replication: int,
     if _legacy(data_dir):
         return {g: list(addresses) for g in range(1, groups + 1)}
     return initial_replicas(list(addresses), groups, replication)
+
+
+def record_join(data_dir: str, groups: int) -> None:
+    """What a node that joined a running cluster must know at every restart: the
+    cluster's original number of data groups (the hash placement of old topics)."""
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, JOINED_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"groups": groups}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def joined_groups(data_dir: str) -> int:
+    with open(os.path.join(data_dir, JOINED_FILE)) as f:
+        return int(json.load(f)["groups"])

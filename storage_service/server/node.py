@@ -6,6 +6,7 @@ calls the methods here; nothing outside a raft apply changes replicated state.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -16,21 +17,22 @@ from typing import Callable
 
 import grpc
 
-from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
 from ..log.dirlock import DirectoryLock
 from ..log.handles import OpenFiles, open_files_limit
-from ..log.retention import SegmentInfo, retention_cutoff
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, grpc_address, raft_address
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
 from ..raft.groupcommit import CommitFailed, GroupCommitter
-from ..statemachine.commands import Drop, MetaCommand, Produce, ProduceItem, SetPlacement, Truncate
+from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
+from .controller import Controller
 from .errors import NotLeader, ServiceError, not_found
-from .hosting import hosted_on_disk, initial_layout
+from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
+from .replicas import ReplicaSet
+from .upkeep import Upkeep
 
 __all__ = ["NodeConfig", "StorageNode"]
 
@@ -67,6 +69,8 @@ class NodeConfig:
     max_open_files: int = 0             # segment files held open; 0: half the process's fd limit
     max_queues: int = 200_000           # queues in the cluster
     replication: int = 3                # replicas of each data group (at most one per node)
+    repair_after: float = 300.0         # a node down this long has its replicas re-created elsewhere
+    join: tuple[str, ...] = ()          # a new node: nodes of the running cluster to join through
     timing: RaftTiming = field(default_factory=RaftTiming)
 
     @property
@@ -74,7 +78,7 @@ class NodeConfig:
         return self.addresses[self.node_id]
 
 
-class StorageNode:
+class StorageNode(ReplicaSet, Upkeep):
     def __init__(self, config: NodeConfig):
         """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
@@ -100,8 +104,16 @@ class StorageNode:
                                   connection_timeout=max(3.5, config.timing.max_timeout))
         # The placement this node starts from, until the metadata group's record
         # is applied here (hosting.py): which data groups it hosts and where the others are.
-        self.layout = initial_layout(config.addresses, config.groups, config.replication, config.data_dir)
-        self.groups[META_GROUP] = self._raft(META_GROUP, self.meta, config.addresses)
+        meta_members, meta_index = config.addresses, 0
+        if config.join:
+            self.layout = {}         # a joining node holds what the controller gives it
+            if not os.path.isdir(os.path.join(config.data_dir, f"group-{META_GROUP}")):
+                meta_members, meta_index = self._join_cluster(config.join)
+            self.config = config = dataclasses.replace(config, groups=joined_groups(config.data_dir))
+            self.meta.groups = config.groups
+        else:
+            self.layout = initial_layout(config.addresses, config.groups, config.replication, config.data_dir)
+        self.groups[META_GROUP] = self._raft(META_GROUP, self.meta, meta_members, meta_index)
         for g in hosted_on_disk(config.data_dir) or [g for g, r in self.layout.items() if config.address in r]:
             self._open_group(g, self.layout.get(g, config.addresses))
         self.raft_loop.start()
@@ -112,64 +124,51 @@ class StorageNode:
         self._bg.start()
         self._flusher = threading.Thread(target=self._flush_segments, name="segment-sync", daemon=True)
         self._flusher.start()
+        self._drop_lock = threading.Lock()
         self._placer = threading.Thread(target=self._reconcile, name="placement", daemon=True)
         self._placer.start()
+        self.controller = Controller(self, repair_after=config.repair_after)
+        self._controller = threading.Thread(target=self.controller.run, args=(self._stopping,),
+                                            name="controller", daemon=True)
+        self._controller.start()
 
-    def _raft(self, g: int, state, members) -> RaftGroup:
+    def _join_cluster(self, seeds) -> tuple[list[str], int]:
+        """Ask the running cluster (through ``seeds``) to take this node in; the
+        metadata group's voters (this node included) as of the index they hold from."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                resp, via = ask_group(self.stub, list(seeds), "JoinCluster",
+                                      rmq_pb2.JoinClusterRequest(address=self.config.address), timeout=20)
+                break
+            except NotLeader as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not join the cluster through {', '.join(seeds)}: {e.message}")
+                time.sleep(1)
+        log.info("joined the cluster through %s: metadata voters %s as of index %d", via,
+                 list(resp.members), resp.members_index)
+        record_join(self.config.data_dir, resp.groups)
+        return list(resp.members), resp.members_index
+
+    def _raft(self, g: int, state, members, members_index: int = 0) -> RaftGroup:
         c = self.config
         return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
-                         loop=self.raft_loop)
+                         loop=self.raft_loop, members_index=members_index)
 
-    def _open_group(self, g: int, members) -> None:
-        """Open (or create, empty, with ``members``) this node's replica of data group ``g``."""
+    def _open_group(self, g: int, members, members_index: int = 0) -> None:
+        """Open this node's replica of data group ``g``, or create it, empty, with
+        ``members`` (gRPC addresses) its voters as of raft index ``members_index``."""
         c = self.config
         st = DataState(os.path.join(c.data_dir, f"group-{g}", "queues"), fsync=c.fsync == "always",
                        segment_bytes=c.segment_bytes, files=self.files)
         st.fetch_range = self.fetch_from_peers
-        raft = self._raft(g, st, members)
+        raft = self._raft(g, st, members, members_index)
         # Copies, not updates: other threads iterate these maps while a replica is added.
         self.committers = {**self.committers,
                            g: GroupCommitter(raft, _produce_entry, max_entry_bytes=c.max_batch_bytes * 2)}
         self.states = {**self.states, g: st}
         self.groups = {**self.groups, g: raft}
-
-    # -------------------------------------------------------------- placement
-    def replicas_of(self, group: int) -> list[str]:
-        """gRPC addresses of the group's replicas: as the metadata group recorded them,
-        else as this node started with them."""
-        if group == META_GROUP:
-            return list(self.config.addresses)
-        return self.meta.replicas_of(group) or list(self.layout.get(group, ()))
-
-    def hosted(self, group: int) -> RaftGroup:
-        """This node's replica of ``group``; NotLeader naming one that has it if there is none here."""
-        raft = self.groups.get(group)
-        if raft is None:
-            others = self.replicas_of(group)
-            raise NotLeader(group, others[0] if others else None,
-                            f"node {self.config.address} holds no replica of group {group}")
-        return raft
-
-    def _reconcile(self) -> None:
-        """Placement, every second: record the starting placement once (on the
-        metadata leader), and open replicas the record gives this node that it lacks."""
-        while not self._stopping.wait(1.0):
-            try:
-                self._record_initial_placement()
-                for g, replicas in self.meta.placement()[1].items():
-                    if self.config.address in replicas and g not in self.groups:
-                        log.info("opening a replica of group %d (placement %s)", g, replicas)
-                        self.raft_loop.call(lambda g=g, r=replicas: self._open_group(g, r))
-            except NotLeader:
-                pass
-            except Exception:
-                log.exception("placement pass failed")
-
-    def _record_initial_placement(self) -> None:
-        if self.meta.replicas or not self.groups[META_GROUP].is_leader:
-            return
-        self.meta_command(SetPlacement(tuple(self.config.addresses), self.layout, init=True))
 
     # ------------------------------------------------------------ leadership
     def leader_of(self, group: int) -> str | None:
@@ -229,6 +228,7 @@ class StorageNode:
         topic may have just grown and this replica not applied it yet. The
         caller still checks the queue against the config returned.
         """
+        self.check_member()
         deadline = time.monotonic() + wait
         grow_deadline = time.monotonic() + min(wait, 0.5)
         while True:
@@ -247,7 +247,7 @@ class StorageNode:
         """
         target = self.groups[META_GROUP].raftLastApplied
         deadline = time.monotonic() + timeout
-        pending = [a for a in self.config.addresses if a != self.config.address]
+        pending = [a for a in self.cluster_nodes() if a != self.config.address]
         while pending and time.monotonic() < deadline:
             still = []
             for addr in pending:
@@ -406,79 +406,10 @@ class StorageNode:
             for st in list(self.states.values()):
                 st.sync_behind()
 
-    def _background(self) -> None:
-        while not self._stopping.wait(self.config.retention_interval):
-            try:
-                self.enforce_retention()
-            except Exception:
-                log.exception("retention pass failed")
-            try:
-                self.compact_queues()
-            except Exception:
-                log.exception("compaction pass failed")
-
-    def enforce_retention(self, now_ms: int | None = None) -> int:
-        """On groups this node leads: propose prefix truncation and queue drops."""
-        now_ms = now_ms or int(time.time() * 1000)
-        proposed = 0
-        for g, st in self.states.items():
-            raft = self.groups[g]
-            if not raft.is_leader:
-                continue
-            for name, ql in list(st.queues.items()):
-                topic, inc, q = parse_queue_dir(name)
-                cfg = self.meta.topic(topic)
-                if cfg is None or cfg["incarnation"] != inc:
-                    if self.meta.is_deleted(inc):
-                        self._commit(raft, Drop(name).encode())
-                        proposed += 1
-                    continue
-                cut = self._cutoff(cfg, q, ql, now_ms)
-                if cut > ql.earliest:
-                    self._commit(raft, Truncate(name, cut).encode())
-                    proposed += 1
-        return proposed
-
-    def compact_queues(self, now_ms: int | None = None) -> int:
-        """On every replica: drop superseded records of ``compact`` topics (see compaction.py).
-
-        A queue is looked at again only when its cleanable end moved or a
-        kept tombstone's delete-retention ran out. Returns records dropped.
-        """
-        now_ms = now_ms or int(time.time() * 1000)
-        dropped = 0
-        for st in self.states.values():
-            for name, ql in list(st.queues.items()):
-                topic, inc, q = parse_queue_dir(name)
-                cfg = self.meta.topic(topic)
-                if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
-                    continue
-                policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
-                                          cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"])
-                end = cleanable_end(ql, policy)
-                settings = (end, policy.delete_retention_ms)
-                last = self._compacted.get(name)
-                if last is not None and last[0] == settings and not (
-                        last[1].next_tombstone_expiry_ms and last[1].next_tombstone_expiry_ms <= now_ms):
-                    continue
-                res = compact_queue(ql, policy, end)
-                self._compacted[name] = (settings, res)
-                dropped += res.records_dropped
-        return dropped
-
-    def _cutoff(self, cfg: dict, q: int, ql, now_ms: int) -> int:
-        if cfg["cleanup_policy"] == "compact":
-            return ql.earliest      # kept by key, not by age or size (Kafka's cleanup.policy=compact)
-        with ql.lock:
-            segs = [SegmentInfo(s.base, s.next_offset, s.size, s.last_ts) for s in ql.segments]
-        tiered = bool(cfg.get("tier"))
-        protected = self.meta.watermark(cfg["name"], "archive").get(q, 0) if tiered else None
-        time_ms = (cfg.get("local_retention_ms") or cfg["retention_ms"]) if tiered else cfg["retention_ms"]
-        return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
-
     # ----------------------------------------------------------------- status
     def local_status(self) -> rmq_pb2.NodeStatus:
-        st = rmq_pb2.NodeStatus(address=self.config.address, node_id=self.config.node_id,
+        me = self.meta.placement()[0].get(self.config.address, {})
+        st = rmq_pb2.NodeStatus(address=self.config.address, node_id=me.get("id", self.config.node_id),
                                 pid=os.getpid(), reachable=True, open_files=self.files.count)
         for g, raft in sorted(self.groups.items()):
             queues = list(self.states[g].queues.values()) if g in self.states else []
@@ -491,7 +422,7 @@ class StorageNode:
 
     def stop(self) -> None:
         self._stopping.set()
-        for t in (self._bg, self._flusher, self._placer):   # no proposal into stopped groups
+        for t in (self._bg, self._flusher, self._placer, self._controller):   # no proposal into stopped groups
             t.join(timeout=5)
         for c in self.committers.values():
             c.stop()

@@ -6,13 +6,11 @@ becomes INTERNAL. No request can take the node down.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import zlib
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
@@ -23,9 +21,11 @@ from ..protocol.tags import filter_batches, parse_tag_expression
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
                                      SetWatermark)
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
+from .admin_rpc import ClusterAdmin
 from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
+from .guard import _decoder, _guard
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_group, check_queue,
                        check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
 
@@ -39,47 +39,12 @@ MAX_FETCH_BYTES = 64 << 20
 MAX_WAIT_MS = 30_000
 
 
-class Undecodable:
-    """A request body that is not the method's message (handed on by ``_decoder``)."""
-
-    def __init__(self, message: str, error: Exception):
-        self.message, self.error = message, error
-
-
-def _decoder(request_cls):
-    """The request deserializer: protobuf's, except that a body which is not a
-    ``request_cls`` becomes ``Undecodable`` (answered INVALID_ARGUMENT by ``_guard``)
-    instead of an exception gRPC would answer INTERNAL."""
-    def decode(body: bytes):
-        try:
-            return request_cls.FromString(body)
-        except DecodeError as e:
-            return Undecodable(request_cls.__name__, e)
-    return decode
-
-
-def _guard(fn):
-    @functools.wraps(fn)
-    def wrapper(self, request, context):
-        try:
-            if isinstance(request, Undecodable):
-                raise invalid(f"the request body is not a {request.message}: {request.error}")
-            return fn(self, request, context)
-        except ServiceError as e:
-            context.set_trailing_metadata(e.trailing_metadata())
-            context.abort(e.code, e.message)
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: internal error (see node log)")
-    return wrapper
-
-
 def config_to_pb(cfg: dict) -> rmq_pb2.TopicConfig:
     fields = rmq_pb2.TopicConfig.DESCRIPTOR.fields_by_name
     return rmq_pb2.TopicConfig(**{k: v for k, v in cfg.items() if k in fields})
 
 
-class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
+class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     def __init__(self, node: StorageNode):
         self.node = node
         self._rr = 0
@@ -382,18 +347,26 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     # ----------------------------------------------------------------- status
     @_guard
     def ClusterStatus(self, request, context):
+        self.node.check_member()
         resp = rmq_pb2.ClusterStatusResponse(groups=self.node.config.groups)
         nodes, replicas = self.node.meta.placement()
         for g in sorted(replicas):
             resp.placement.add(group=g, replicas=replicas[g])
-        for addr in self.node.config.addresses:
+        for addr, rec in sorted(nodes.items(), key=lambda kv: kv[1].get("id", 0)):
+            resp.members.add(address=addr, node_id=rec.get("id", 0), state=rec.get("state", ""),
+                             since_ms=rec.get("since_ms", 0))
+        resp.controller = self.node.controller.doing
+        resp.rebalance_asked, resp.rebalance_done = self.node.meta.rebalance, self.node.meta.rebalanced
+        known = self.node.cluster_nodes()
+        for addr in known:
             if addr == self.node.config.address:
                 resp.nodes.append(self.node.local_status())
                 continue
             try:
                 resp.nodes.append(self.node.stub(addr).GetNodeStatus(rmq_pb2.NodeStatusRequest(), timeout=1.0))
             except grpc.RpcError:
-                resp.nodes.add(address=addr, node_id=self.node.config.addresses.index(addr), reachable=False)
+                resp.nodes.add(address=addr, node_id=nodes.get(addr, {}).get("id", known.index(addr)),
+                               reachable=False)
         return resp
 
     @_guard
@@ -403,7 +376,8 @@ class MessageLogService(rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def Health(self, request, context):
         with_leader = sum(1 for g in self.node.groups if self.node.leader_of(g))
-        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups),
+        removed = self.node.meta.node_state(self.node.config.address) == "removed"
+        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups) and not removed,
                                       groups_with_leader=with_leader, groups_total=len(self.node.groups))
 
     @_guard

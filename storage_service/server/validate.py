@@ -155,3 +155,24 @@ def check_replica_fetch(request: rmq_pb2.ReplicaFetchRequest) -> None:
     for field in ("offset", "end_offset", "max_bytes"):
         if getattr(request, field) < 0:
             raise invalid(f"{field}={getattr(request, field)}: must be >= 0")
+
+
+def check_data_group(node, group: int, meta_ok: bool = False) -> None:
+    """A raft group number this cluster has (the metadata group 0 only if ``meta_ok``)."""
+    known = sorted(node.meta.placement()[1]) or list(range(1, node.config.groups + 1))
+    if group == 0 and meta_ok:
+        return
+    if group not in known:
+        allowed = ("0 (metadata) and " if meta_ok else "") + f"data groups {known[0]}..{known[-1]}"
+        raise invalid(f"group {group}: this cluster has {allowed}")
+
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
+
+
+def check_node_address(address: str) -> None:
+    """A node's gRPC address: HOST:PORT, the port below 65534 (its raft and produce
+    ports are the two after it)."""
+    if not _ADDRESS.match(address or "") or not 1 <= int(address.rsplit(":", 1)[1]) <= 65533:
+        raise invalid(f"node address {address!r}: give HOST:PORT with PORT 1-65533 (the node's gRPC "
+                      "port; its raft and produce ports are the next two)")

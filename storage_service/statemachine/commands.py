@@ -18,7 +18,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
-           "MetaCommand", "Produce", "ProduceItem", "SetPlacement", "SetWatermark", "Truncate", "UnknownCommand",
+           "MetaCommand", "Produce", "ProduceItem", "RequestRebalance", "SetNode", "SetPlacement", "SetReplicas", "SetWatermark",
+           "Truncate", "UnknownCommand",
            "decode_command"]
 
 
@@ -145,10 +146,38 @@ class SetPlacement(_Command):
     init: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SetReplicas(_Command):
+    """A data group's wanted replicas (the controller moves raft's membership to them)."""
+    KIND: ClassVar[str] = "set_replicas"
+    group: int
+    replicas: tuple
+    expect: tuple           # the record this change was planned from: applied only if it still holds
+
+
+@dataclass(frozen=True, slots=True)
+class SetNode(_Command):
+    """Add a node to the cluster's record, or change its state (active, leaving, removed)."""
+    KIND: ClassVar[str] = "set_node"
+    address: str
+    state: str
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRebalance(_Command):
+    """Ask the controller to even out replicas and leaders once (``rmq cluster rebalance``),
+    or (``done``: the request's raft index) record that it did."""
+    KIND: ClassVar[str] = "request_rebalance"
+    now_ms: int
+    done: int = 0
+
+
 DataCommand = Union[Produce, Truncate, Drop]
-MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease, SetPlacement]
+MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease, SetPlacement,
+                    SetReplicas, SetNode, RequestRebalance]
 _TYPES = {t.KIND: t for t in (Produce, Truncate, Drop, CreateTopic, AlterTopic, DeleteTopic, CommitOffsets,
-                              SetWatermark, Lease, SetPlacement)}
+                              SetWatermark, Lease, SetPlacement, SetReplicas, SetNode, RequestRebalance)}
 
 
 def decode_command(raw) -> DataCommand | MetaCommand:

@@ -12,10 +12,15 @@ import threading
 import uuid
 
 from ..protocol.placement import assign_groups, group_of
-from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, SetPlacement, SetWatermark,
-                       UnknownCommand, decode_command)
+from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, RequestRebalance, SetNode,
+                       SetPlacement, SetReplicas, SetWatermark, UnknownCommand, decode_command)
 
-__all__ = ["FENCED_WATERMARKS", "MetaState", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
+__all__ = ["FENCED_WATERMARKS", "MetaState", "NODE_STATES", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
+
+# A node's states in the cluster's record: taking replicas; being emptied by
+# ``rmq cluster decommission`` (no new replicas, its replicas move away); out
+# of the cluster (it holds nothing and may be stopped).
+NODE_STATES = ("active", "leaving", "removed")
 
 # Watermarks only the topic's tiering job moves (under its tier lease): retention
 # deletes hot data below ``archive``.
@@ -64,6 +69,8 @@ class MetaState:
         # address -> {"state": ...}) and each data group's replicas.
         self.nodes: dict[str, dict] = {}
         self.replicas: dict[int, list[str]] = {}
+        self.rebalance = 0      # raft index of the last rebalance asked for (0: none)
+        self.rebalanced = 0     # ... and of the last one the controller finished
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, raw: tuple):
@@ -190,13 +197,53 @@ class MetaState:
         if cmd.init and self.replicas:
             return ("ok", False)         # recorded already: the first one stands
         for address in cmd.nodes:
-            self.nodes.setdefault(address, {"state": "active"})
+            self._node_record(address)
         self.replicas = {int(g): list(r) for g, r in cmd.replicas.items()}
         return ("ok", True)
 
+    def _node_record(self, address: str) -> dict:
+        rec = self.nodes.get(address)
+        if rec is None:
+            rec = self.nodes[address] = {"state": "active", "id": 1 + max(
+                (n.get("id", -1) for n in self.nodes.values()), default=-1)}
+        return rec
+
+    def _set_replicas(self, raft_index: int, cmd: SetReplicas):
+        cur = self.replicas.get(cmd.group)
+        if cur is None and cmd.group != 1 + max(self.replicas, default=0):
+            return ("error", "NOT_FOUND", f"group {cmd.group} does not exist (groups are 1..{len(self.replicas)})")
+        if cur is not None and list(cmd.expect) != cur:
+            return ("error", "ABORTED", f"group {cmd.group}: replicas are {cur}, not {list(cmd.expect)} "
+                                        "(changed meanwhile)")
+        if len(set(cmd.replicas)) != len(cmd.replicas) or not cmd.replicas:
+            return ("error", "INVALID_ARGUMENT", f"group {cmd.group}: replicas {list(cmd.replicas)} must be "
+                                                 "distinct nodes, at least one")
+        self.replicas[cmd.group] = list(cmd.replicas)
+        return ("ok", list(cmd.replicas))
+
+    def _set_node(self, raft_index: int, cmd: SetNode):
+        if cmd.state not in NODE_STATES:
+            return ("error", "INVALID_ARGUMENT", f"node state {cmd.state!r}: allowed {', '.join(NODE_STATES)}")
+        if cmd.address not in self.nodes and cmd.state != "active":
+            return ("error", "NOT_FOUND", f"node {cmd.address} is not in the cluster "
+                                          f"(nodes: {', '.join(sorted(self.nodes)) or 'none'})")
+        rec = self._node_record(cmd.address)
+        rec["state"] = cmd.state
+        rec["since_ms"] = cmd.now_ms
+        rec["index"] = raft_index
+        return ("ok", dict(rec))
+
+    def _request_rebalance(self, raft_index: int, cmd: RequestRebalance):
+        if cmd.done:
+            self.rebalanced = max(self.rebalanced, cmd.done)
+            return ("ok", cmd.done)
+        self.rebalance = raft_index
+        return ("ok", raft_index)
+
     _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
                  CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease,
-                 SetPlacement: _set_placement}
+                 SetPlacement: _set_placement, SetReplicas: _set_replicas, SetNode: _set_node,
+                 RequestRebalance: _request_rebalance}
 
     # ---------------------------------------------------------------- queries
     def list_topics(self) -> list[dict]:
@@ -235,6 +282,11 @@ class MetaState:
             return ({a: dict(v) for a, v in self.nodes.items()},
                     {g: list(r) for g, r in self.replicas.items()})
 
+    def node_state(self, address: str) -> str:
+        """A node's recorded state ("" if it is not recorded)."""
+        with self.lock:
+            return self.nodes.get(address, {}).get("state", "")
+
     def replicas_of(self, group: int) -> list[str]:
         with self.lock:
             return list(self.replicas.get(group, ()))
@@ -251,7 +303,8 @@ class MetaState:
             return json.dumps({"topics": self.topics, "offsets": self.offsets,
                                "watermarks": self.watermarks, "deleted": self.deleted,
                                "leases": self.leases, "nodes": self.nodes,
-                               "replicas": {str(g): r for g, r in self.replicas.items()}}).encode()
+                               "replicas": {str(g): r for g, r in self.replicas.items()},
+                               "rebalance": self.rebalance, "rebalanced": self.rebalanced}).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
@@ -263,6 +316,8 @@ class MetaState:
             self.leases = d.get("leases", {})
             self.nodes = d.get("nodes", {})
             self.replicas = {int(g): r for g, r in d.get("replicas", {}).items()}
+            self.rebalance = d.get("rebalance", 0)
+            self.rebalanced = d.get("rebalanced", 0)
 
     def close(self) -> None:
         pass

@@ -1,0 +1,295 @@
+"""The placement controller: RIP-20's nameserver role, on the metadata leader.
+
+Every second, on the node that leads the metadata group, it looks at the
+record (``MetaState``: nodes and each data group's wanted replicas) and at
+what every node reports (``GetNodeStatus``: the groups it holds, their
+voters as each leader sees them, applied indexes), and takes the next step
+towards the record, then plans new steps. Everything it knows is in the
+record or asked again, so a new metadata leader takes over mid-move.
+
+Moving a group's replica from node F to node T (one membership change at a
+time; ``raft/membership.py``):
+
+1. plan: the record's replicas of the group become ``... T`` instead of
+   ``... F`` (``SetReplicas``, applied only if the record did not change);
+2. T's node sees itself in the record and opens an empty replica from the
+   group's configuration as of its commit index (``replicas.py``);
+3. the group's leader adds T as a voter (``ChangeReplicas``); T catches up
+   from the leader (a snapshot, then the payloads from peers) and entries;
+4. once T has applied up to the leader's commit index: if F leads the
+   group, the leadership moves to a caught-up replica (``TransferLeader``);
+   then the leader removes F;
+5. F's node sees itself out of the record and out of the leader's voters,
+   and drops its replica.
+
+When F is down, step 4's removal comes first (a group of three with one
+voter down and an empty one added could not commit until the new one caught
+up). What is planned:
+
+* replicas on a node being decommissioned (``leaving``) or down for longer
+  than ``repair_after`` move to the live active node with the fewest
+  replicas (ties: fewest leaders, then address);
+* a group with fewer than RF replicas gets one more;
+* after ``rmq cluster rebalance``: one replica from the node with the most
+  to the one with the fewest while they differ by more than one, then the
+  same with leaderships (``TransferLeader``);
+* a leaving node that holds nothing more is taken out of the metadata
+  group and recorded ``removed``.
+
+At most ``max_moves`` groups are in flight at once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import grpc
+
+from ..proto import rmq_pb2
+from ..protocol.placement import META_GROUP, raft_address
+from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
+from .errors import NotLeader, ServiceError
+
+__all__ = ["Controller", "ClusterView", "plan_move"]
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_ENTRIES = 50     # an added voter within this many entries of the commit index counts as caught up
+
+
+@dataclass
+class ClusterView:
+    """One pass's picture: the record and what the live nodes report."""
+    nodes: dict                       # address -> record {"state", "id", ...}
+    record: dict                      # data group -> wanted replicas
+    status: dict                      # address -> NodeStatus of nodes that answered
+    down: set = field(default_factory=set)        # recorded nodes down past repair_after
+
+    def group_report(self, g: int):
+        """(leader address, its GroupStatus) of group g as its leader reports it, or (None, None)."""
+        for addr, st in self.status.items():
+            for gs in st.groups:
+                if gs.group == g and gs.leader == addr:
+                    return addr, gs
+        return None, None
+
+    def applied(self, addr: str, g: int) -> int:
+        st = self.status.get(addr)
+        if st is None:
+            return -1
+        return next((gs.applied_index for gs in st.groups if gs.group == g), -1)
+
+    def usable(self) -> list[str]:
+        """Nodes new replicas may go to: active, answering."""
+        return sorted(a for a, rec in self.nodes.items() if rec.get("state") == "active" and a in self.status)
+
+    def load(self) -> tuple[dict, dict]:
+        """(replicas, leaders) per usable node, from the record and the reports."""
+        replicas = {a: 0 for a in self.usable()}
+        leaders = dict.fromkeys(replicas, 0)
+        for reps in self.record.values():
+            for a in reps:
+                if a in replicas:
+                    replicas[a] += 1
+        for a, st in self.status.items():
+            if a in leaders:
+                leaders[a] = sum(1 for gs in st.groups if gs.group != META_GROUP and gs.leader == a)
+        return replicas, leaders
+
+
+def plan_move(view: ClusterView, g: int, rf: int) -> list[str] | None:
+    """The group's next wanted replicas, or None if it needs no move."""
+    reps = list(view.record[g])
+    usable = view.usable()
+    replicas, leaders = view.load()
+
+    def best(excluded) -> str | None:
+        free = [a for a in usable if a not in excluded]
+        return min(free, key=lambda a: (replicas[a], leaders[a], a)) if free else None
+
+    bad = [a for a in reps if view.nodes.get(a, {}).get("state") != "active" or a in view.down]
+    if bad:
+        target = best(reps)
+        if target is None:
+            return None
+        return [target if a == bad[0] else a for a in reps]
+    if len(reps) < min(rf, len(usable)):
+        target = best(reps)
+        return reps + [target] if target else None
+    return None
+
+
+class Controller:
+    def __init__(self, node, repair_after: float = 300.0, max_moves: int = 2, interval: float = 1.0):
+        self.node = node
+        self.repair_after = repair_after
+        self.max_moves = max_moves
+        self.interval = interval
+        self._last_seen: dict[str, float] = {}
+        self._since = time.monotonic()
+        self.doing = ""                  # what the last pass did (ClusterStatus shows it)
+
+    @property
+    def rf(self) -> int:
+        return self.node.config.replication
+
+    def run(self, stopping) -> None:
+        while not stopping.wait(self.interval):
+            try:
+                self.doing = self.pass_once() or ""
+            except (NotLeader, ServiceError, grpc.RpcError) as e:
+                log.info("controller: %s", getattr(e, "message", None) or e)
+            except Exception:
+                log.exception("controller pass failed")
+
+    # ------------------------------------------------------------------ view
+    def view(self) -> ClusterView:
+        nodes, record = self.node.meta.placement()
+        asked = {a: self.node.stub(a).GetNodeStatus.future(rmq_pb2.NodeStatusRequest(), timeout=1.0)
+                 for a, rec in nodes.items() if rec.get("state") != "removed"}
+        status, now = {}, time.monotonic()
+        for a, fut in asked.items():
+            try:
+                status[a] = fut.result(timeout=1.5)
+                self._last_seen[a] = now
+            except (grpc.RpcError, FutureTimeout):
+                pass
+        down = {a for a in asked if a not in status
+                and now - self._last_seen.get(a, self._since) > self.repair_after}
+        return ClusterView(nodes, record, status, down)
+
+    # ------------------------------------------------------------------ pass
+    def pass_once(self) -> str:
+        if not self.node.groups[0].is_leader:
+            self._since = time.monotonic()      # a new leader gives nodes the full repair time
+            return ""
+        view = self.view()
+        in_flight = []
+        for g in sorted(view.record):
+            leader, gs = view.group_report(g)
+            if gs is None:
+                continue
+            if set(gs.replicas) != set(view.record[g]):
+                in_flight.append(g)
+                self._step(view, g, leader, gs)
+        planned = 0
+        for g in sorted(view.record):
+            if len(in_flight) + planned >= self.max_moves:
+                break
+            if g in in_flight:
+                continue
+            want = plan_move(view, g, self.rf)
+            if want is not None and self._set(g, want, view.record[g]):
+                view.record[g] = want           # the next plan counts this one's load
+                planned += 1
+        if not in_flight and not planned:
+            if self._rebalance(view):
+                return "rebalancing"
+            self._finish_leaving(view)
+        return f"{len(in_flight) + planned} group(s) moving" if in_flight or planned else ""
+
+    def _set(self, g: int, want: list[str], was: list[str]) -> bool:
+        try:
+            self.node.meta_command(SetReplicas(g, tuple(want), tuple(was)))
+        except ServiceError as e:
+            log.info("controller: group %d not moved: %s", g, e.message)
+            return False
+        log.info("controller: group %d: replicas %s -> %s", g, was, want)
+        view_nodes = set(was) ^ set(want)
+        return bool(view_nodes)
+
+    def _ask(self, leader: str, method: str, request):
+        return getattr(self.node.stub(leader), method)(request, timeout=self.node.config.commit_timeout + 2)
+
+    def _step(self, view: ClusterView, g: int, leader: str, gs) -> None:
+        """One step of group g towards its record (see the module docstring)."""
+        wanted, voters = list(view.record[g]), list(gs.replicas)
+        adds = [a for a in wanted if a not in voters]
+        removes = [a for a in voters if a not in wanted]
+        dead = [a for a in removes if a not in view.status]
+        if dead and leader not in dead:
+            self._ask(leader, "ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=g, remove=dead[0]))
+            return
+        if adds:
+            target = adds[0]
+            if view.applied(target, g) < 0:
+                return                   # its node has not opened the replica yet (or is down)
+            self._ask(leader, "ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=g, add=target))
+            return
+        if not removes:
+            return
+        lagging = [a for a in wanted if a in view.status and view.applied(a, g) < gs.commit_index - CATCH_UP_ENTRIES]
+        if lagging:
+            return                       # an added voter is still catching up
+        gone = removes[0]
+        if gone == leader:
+            to = max((a for a in wanted if a in view.status), key=lambda a: view.applied(a, g), default=None)
+            if to is not None:
+                self._ask(leader, "TransferLeader", rmq_pb2.TransferLeaderRequest(group=g, to=to))
+            return
+        self._ask(leader, "ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=g, remove=gone))
+        if gone in view.status:
+            try:
+                self.node.stub(gone).DropReplica(rmq_pb2.DropReplicaRequest(group=g), timeout=10)
+            except grpc.RpcError as e:
+                log.info("controller: %s keeps group %d for now (%s); it drops it itself", gone, g, e.details())
+
+    # ------------------------------------------------------------- rebalance
+    def _rebalance(self, view: ClusterView) -> bool:
+        """One rebalancing step if one was asked for and is not done; False when balanced."""
+        meta = self.node.meta
+        if meta.rebalance <= meta.rebalanced:
+            return False
+        replicas, leaders = view.load()
+        if len(replicas) < 2:
+            return self._rebalanced(meta.rebalance)
+        most = max(replicas, key=lambda a: (replicas[a], a))
+        least = min(replicas, key=lambda a: (replicas[a], a))
+        if replicas[most] - replicas[least] > 1:
+            for g in sorted(view.record):
+                reps = view.record[g]
+                if most in reps and least not in reps:
+                    return self._set(g, [least if a == most else a for a in reps], reps)
+        most = max(leaders, key=lambda a: (leaders[a], a))
+        least = min(leaders, key=lambda a: (leaders[a], a))
+        if leaders[most] - leaders[least] > 1:
+            for g in sorted(view.record):
+                leader, gs = view.group_report(g)
+                if leader == most and least in view.record[g]:
+                    self._ask(leader, "TransferLeader", rmq_pb2.TransferLeaderRequest(group=g, to=least))
+                    return True
+        return self._rebalanced(meta.rebalance)
+
+    def _rebalanced(self, index: int) -> bool:
+        self.node.meta_command(RequestRebalance(int(time.time() * 1000), done=index))
+        log.info("controller: rebalance %d done", index)
+        return False
+
+    # ------------------------------------------------------------- leaving
+    def _finish_leaving(self, view: ClusterView) -> None:
+        """A leaving node that holds no data group any more is recorded ``removed``
+        (while still a metadata voter, so it learns it and stops answering), then,
+        once it applied that (or is down), taken out of the metadata group."""
+        meta = self.node.groups[META_GROUP]
+        for a, rec in view.nodes.items():
+            state = rec.get("state")
+            if state == "leaving":
+                if any(a in reps for reps in view.record.values()) or any(
+                        a in gs.replicas for st in view.status.values() for gs in st.groups
+                        if gs.group != META_GROUP and gs.leader == st.address):
+                    continue             # the record or a group's leader still counts it
+                self.node.meta_command(SetNode(a, "removed", int(time.time() * 1000)))
+                log.info("controller: node %s holds no replica any more: removed", a)
+            elif state == "removed" and raft_address(a) in meta.members:
+                st = view.status.get(a)
+                if st is not None and view.applied(a, META_GROUP) < rec.get("index", 0):
+                    continue             # it has not learnt it was removed yet
+                if a == self.node.config.address:
+                    others = [x for x in view.status if x != a and view.nodes.get(x, {}).get("state") == "active"]
+                    if others:
+                        self.node.transfer_leader(META_GROUP, others[0])
+                    return
+                self.node.change_replicas(META_GROUP, remove=a)
+                log.info("controller: node %s left the metadata group", a)

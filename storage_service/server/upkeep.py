@@ -1,0 +1,89 @@
+"""A node's upkeep of its replicas: retention and compaction passes (a mixin of
+``StorageNode``; the leader of a group proposes truncations and drops, every
+replica compacts its own copy)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
+from ..log.retention import SegmentInfo, retention_cutoff
+from ..statemachine.commands import Drop, Truncate
+from ..statemachine.data import parse_queue_dir
+
+__all__ = ["Upkeep"]
+
+log = logging.getLogger(__name__)
+
+
+class Upkeep:
+    def _background(self) -> None:
+        while not self._stopping.wait(self.config.retention_interval):
+            try:
+                self.enforce_retention()
+            except Exception:
+                log.exception("retention pass failed")
+            try:
+                self.compact_queues()
+            except Exception:
+                log.exception("compaction pass failed")
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """On groups this node leads: propose prefix truncation and queue drops."""
+        now_ms = now_ms or int(time.time() * 1000)
+        proposed = 0
+        for g, st in self.states.items():
+            raft = self.groups[g]
+            if not raft.is_leader:
+                continue
+            for name, ql in list(st.queues.items()):
+                topic, inc, q = parse_queue_dir(name)
+                cfg = self.meta.topic(topic)
+                if cfg is None or cfg["incarnation"] != inc:
+                    if self.meta.is_deleted(inc):
+                        self._commit(raft, Drop(name).encode())
+                        proposed += 1
+                    continue
+                cut = self._cutoff(cfg, q, ql, now_ms)
+                if cut > ql.earliest:
+                    self._commit(raft, Truncate(name, cut).encode())
+                    proposed += 1
+        return proposed
+
+    def compact_queues(self, now_ms: int | None = None) -> int:
+        """On every replica: drop superseded records of ``compact`` topics (see compaction.py).
+
+        A queue is looked at again only when its cleanable end moved or a
+        kept tombstone's delete-retention ran out. Returns records dropped.
+        """
+        now_ms = now_ms or int(time.time() * 1000)
+        dropped = 0
+        for st in self.states.values():
+            for name, ql in list(st.queues.items()):
+                topic, inc, q = parse_queue_dir(name)
+                cfg = self.meta.topic(topic)
+                if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
+                    continue
+                policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
+                                          cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"])
+                end = cleanable_end(ql, policy)
+                settings = (end, policy.delete_retention_ms)
+                last = self._compacted.get(name)
+                if last is not None and last[0] == settings and not (
+                        last[1].next_tombstone_expiry_ms and last[1].next_tombstone_expiry_ms <= now_ms):
+                    continue
+                res = compact_queue(ql, policy, end)
+                self._compacted[name] = (settings, res)
+                dropped += res.records_dropped
+        return dropped
+
+    def _cutoff(self, cfg: dict, q: int, ql, now_ms: int) -> int:
+        if cfg["cleanup_policy"] == "compact":
+            return ql.earliest      # kept by key, not by age or size (Kafka's cleanup.policy=compact)
+        with ql.lock:
+            segs = [SegmentInfo(s.base, s.next_offset, s.size, s.last_ts) for s in ql.segments]
+        tiered = bool(cfg.get("tier"))
+        protected = self.meta.watermark(cfg["name"], "archive").get(q, 0) if tiered else None
+        time_ms = (cfg.get("local_retention_ms") or cfg["retention_ms"]) if tiered else cfg["retention_ms"]
+        return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
+
