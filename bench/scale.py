@@ -16,11 +16,18 @@ measures:
   snapshot holds them), and what 1,000,000 queues
   (RIP-20's "100w") would take per node at that rate.
 
-Every node holds a replica of every queue (this version), so per-node cost
-is per-cluster cost. There is no peer in this table: the question is how the
-cost grows with the queue count::
+On 3 nodes every node holds a replica of every queue, so per-node cost is
+per-cluster cost. There is no peer in this table: the question is how the
+cost grows with the queue count.
 
-    .venv/bin/python bench/scale.py                        # 1k, 10k
+Then the same produce workload on 3 and on 5 local nodes (``--nodes-runs``;
+10 data groups of 3 replicas, 20 queues, 1 KiB messages from 4 threads for
+``--seconds``): one host cannot show scaling, so the table reports
+throughput, node CPU per message and the balance between nodes (replicas,
+leaders and CPU seconds, least and most). And the placement simulation
+(``bench/placement_sim.py``: 100 nodes, 10,000 groups)::
+
+    .venv/bin/python bench/scale.py                        # 1k, 10k; 3 vs 5 nodes; simulation
     .venv/bin/python bench/scale.py --queues 1000 --queues 10000 --queues 100000
 """
 from __future__ import annotations
@@ -129,11 +136,65 @@ def one(queues: int, where: str, say) -> dict:
     return row
 
 
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def nodes_run(nodes: int, seconds: float, where: str, say) -> dict:
+    """The same produce workload on ``nodes`` nodes: throughput, CPU per message, balance."""
+    import threading
+    data = tempfile.mkdtemp(prefix=f"scale-n{nodes}-", dir=where)
+    cluster = LocalCluster(nodes=nodes, groups=10, data_dir=data)
+    cluster.start(timeout=120)
+    try:
+        with Client(cluster.endpoints, timeout=60) as c:
+            c.create_topic("spread", queues=20)
+            st = c.cluster_status()
+            pids = _nodes(cluster)
+            cpu0 = [_cpu_s(p) for p in pids]
+            acked, stop, lock = [0], threading.Event(), threading.Lock()
+
+            def work(k: int) -> None:
+                msgs = [Message(b"x" * 1024)] * 100
+                q = k
+                while not stop.is_set():
+                    c.produce_batches([("spread", (q + j) % 20, msgs) for j in range(0, 20, 4)])
+                    with lock:
+                        acked[0] += 500
+                    q += 1
+            threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(4)]
+            t = time.perf_counter()
+            for th in threads:
+                th.start()
+            time.sleep(seconds)
+            stop.set()
+            for th in threads:
+                th.join()
+            elapsed = time.perf_counter() - t
+            cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
+        replicas = [sum(a in r for r in st["placement"].values()) for a in cluster.addresses]
+        leaders = [sum(1 for g in n["groups"] if g["group"] and g["leader"] == n["address"])
+                   for n in st["nodes"]]
+        row = dict(nodes=nodes, msgs_per_s=acked[0] / elapsed, cpu_us_per_msg=1e6 * sum(cpu) / acked[0],
+                   replicas=(min(replicas), max(replicas)), leaders=(min(leaders), max(leaders)),
+                   cpu_s=(min(cpu), max(cpu)))
+        say(f"  {nodes} nodes: {row}")
+        return row
+    finally:
+        cluster.stop()
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
     p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--nodes-runs", type=int, action="append", help="node counts of the produce comparison "
+                                                                      "(default 3, 5; 0 to skip)")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each produce run")
     a = p.parse_args(argv)
     counts = a.queues or [1000, 10000]
     rows = []
@@ -152,9 +213,24 @@ def main(argv=None) -> int:
           f"{big['rss_kb_per_queue'] * 1e6 / (1 << 20):.1f} GB more, metadata snapshot ~"
           f"{big['meta_snapshot_kb'] * 1e6 / big['queues'] / 1024:.0f} MB, restart ~"
           f"{big['restart_s'] * 1e6 / big['queues']:.0f} s (if it grows linearly)")
+    runs = [n for n in (a.nodes_runs or [3, 5]) if n]
+    spread = [nodes_run(n, a.seconds, a.dir or tempfile.gettempdir(), lambda line: print(line, flush=True))
+              for n in runs]
+    if spread:
+        head = ["nodes", "msgs/s", "node CPU us/msg", "replicas/node (min-max)", "leaders/node (min-max)",
+                "CPU s/node (min-max)"]
+        print("\n| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for r in spread:
+            print(f"| {r['nodes']} | {r['msgs_per_s']:,.0f} | {r['cpu_us_per_msg']:.1f} | "
+                  f"{r['replicas'][0]}-{r['replicas'][1]} | {r['leaders'][0]}-{r['leaders'][1]} | "
+                  f"{r['cpu_s'][0]:.1f}-{r['cpu_s'][1]:.1f} |")
+    from bench import placement_sim
+    print("\nplacement simulation: 90 nodes + 10 joining, 10,000 groups of 3 replicas")
+    print(placement_sim.table(placement_sim.run(say=lambda line: None)))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"queues": rows, "nodes": spread}, f, indent=2)
     return 0
 
 

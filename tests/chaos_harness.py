@@ -4,11 +4,16 @@
 
 Producers append numbered messages with a fixed producer id and sequence, and
 retry a failed batch with the same id/sequence until it is acknowledged. A
-fault thread meanwhile SIGKILLs the leader of a random group and restarts it,
-pauses a node (SIGSTOP/SIGCONT), and at the end kills every node at once and
-restarts them all. Then every queue is read from every replica and checked:
-every acknowledged message present exactly once, in each producer's order,
-offsets contiguous, replicas identical. Prints a one-line summary.
+fault thread meanwhile changes the cluster's membership: a fourth node joins,
+a rebalance moves replicas onto it and a node taking part in a replica move
+is SIGKILLed mid-move and restarted (runs of a minute or more: a fifth node
+joins later and a founding node is decommissioned, then stopped for good).
+Between those it SIGKILLs the leader of a random group and restarts it and
+pauses a node (SIGSTOP/SIGCONT); at the end it kills every node at once and
+restarts them all. Then every queue is read from every replica of its group
+and checked: every acknowledged message present exactly once, in each
+producer's order, offsets contiguous, replicas identical. Prints a one-line
+summary.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 
 from storage_service.local import LocalCluster
@@ -36,11 +42,69 @@ class ChaosReport(Verdict):
                 f"produce_calls={self.produce_calls} retries={self.retries}")
 
 
+def _moving(client) -> tuple[int, list[str]] | None:
+    """(group, nodes joining or leaving it) of a replica move under way, if any."""
+    from rmq_spark.cli._status import moving_groups
+    st = client.cluster_status()
+    for g in moving_groups(st):
+        voters = next((gs["replicas"] for n in st["nodes"] for gs in n["groups"]
+                       if gs["group"] == g and gs["leader"] == n["address"]), [])
+        return g, sorted(set(voters) ^ set(st["placement"][g]))
+    return None
+
+
+def _join_and_move(client, cluster: LocalCluster, stop: threading.Event, report: ChaosReport,
+                   rng: random.Random, kill_mid_move: bool) -> None:
+    i = cluster.add_node(timeout=60)
+    report.faults.append(f"node {i} joins")
+    client.cluster_command("rebalance")
+    report.faults.append("rebalance")
+    deadline = time.monotonic() + 10
+    while kill_mid_move and not stop.is_set() and time.monotonic() < deadline:
+        move = _moving(client)
+        if move and move[1] and move[1][0] in cluster.addresses:
+            victim = cluster.addresses.index(rng.choice(move[1]))
+            if cluster.pid(victim) is None:
+                break
+            report.faults.append(f"kill -9 node {victim} while group {move[0]} moves")
+            cluster.kill(victim, signal.SIGKILL)
+            stop.wait(rng.uniform(0.3, 1.5))
+            cluster.start_node(victim)
+            return
+        time.sleep(0.05)
+
+
+def _decommission(client, cluster: LocalCluster, report: ChaosReport, removed: set[int]) -> None:
+    victim = 0
+    client.cluster_command("decommission", cluster.addresses[victim])
+    report.faults.append(f"decommission node {victim}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        st = client.cluster_status()
+        if any(m["address"] == cluster.addresses[victim] and m["state"] == "removed" for m in st["members"]):
+            cluster.kill(victim, signal.SIGKILL)
+            removed.add(victim)
+            report.faults.append(f"node {victim} removed, stopped for good")
+            return
+        time.sleep(0.5)
+
+
 def _faults(client, cluster: LocalCluster, stop: threading.Event, report: ChaosReport,
-            rng: random.Random) -> None:
+            rng: random.Random, seconds: float, removed: set[int]) -> None:
+    t0 = time.monotonic()
+    plan = [(0.5, lambda: _join_and_move(client, cluster, stop, report, rng, kill_mid_move=True))]
+    if seconds >= 60:
+        plan += [(0.4 * seconds, lambda: _join_and_move(client, cluster, stop, report, rng, False)),
+                 (0.65 * seconds, lambda: _decommission(client, cluster, report, removed))]
     while not stop.is_set():
         if stop.wait(rng.uniform(0.5, 1.5)):
             return
+        if plan and time.monotonic() - t0 >= plan[0][0]:
+            try:
+                plan.pop(0)[1]()
+            except Exception as e:            # the cluster was busy (a kill, a pause): not a verdict
+                report.faults.append(f"membership change failed for now: {e}")
+            continue
         if rng.random() < 0.7:
             g = rng.randint(1, cluster.groups)
             victim = leader_index(client, cluster, g)
@@ -52,7 +116,7 @@ def _faults(client, cluster: LocalCluster, stop: threading.Event, report: ChaosR
             cluster.start_node(victim)
         else:
             victim = rng.randrange(cluster.nodes)
-            if cluster.pid(victim) is None:
+            if cluster.pid(victim) is None or victim in removed:
                 continue
             report.faults.append(f"SIGSTOP node {victim}")
             cluster.kill(victim, signal.SIGSTOP)
@@ -77,7 +141,9 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
                      for i in range(producers)]
             for p in prods:
                 p.start()
-            faults = threading.Thread(target=_faults, args=(client, cluster, stop, report, rng), daemon=True)
+            removed: set[int] = set()
+            faults = threading.Thread(target=_faults, args=(client, cluster, stop, report, rng, seconds, removed),
+                                      daemon=True)
             faults.start()
             run_for(seconds, prods, lambda line: log("  chaos" + line),
                     lambda: f"{len(report.faults)} faults, {report.retries} retries")
@@ -91,7 +157,10 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
             report.faults.append("kill -9 all nodes, restart all")
             for i in range(cluster.nodes):
                 cluster.kill(i, signal.SIGKILL)
-            cluster.start(timeout=90)
+            live = [i for i in range(cluster.nodes) if i not in removed]
+            for i in live:
+                cluster.start_node(i)
+            cluster.wait_ready(90, nodes=live)
             verify(client, cluster, "chaos", prods, queues, report)
     finally:
         cluster.stop()

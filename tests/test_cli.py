@@ -15,10 +15,11 @@ pytestmark = pytest.mark.integration
 BIN = os.path.dirname(sys.executable)
 
 
-def rmq(cluster, *args, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def rmq(cluster, *args, stdin: str | None = None, check: bool = True,
+        timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, RMQ_ENDPOINTS=cluster.endpoints)
     p = subprocess.run([os.path.join(BIN, "rmq"), *args], input=stdin, capture_output=True, text=True,
-                       env=env, timeout=60)
+                       env=env, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"rmq {' '.join(args)} failed ({p.returncode}): {p.stderr}")
     return p

@@ -3,11 +3,13 @@ three of them, every group of a node over its one raft port."""
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 
 from rmq_spark.client import Client
 from tests.conftest import start_cluster, wait_until
+from tests.test_cli import rmq
 
 pytestmark = pytest.mark.integration
 
@@ -137,7 +139,8 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
         assert all(m["state"] == "active" for m in st["members"])
         produce("joined")
 
-        print(client.cluster_command("rebalance"))
+        out = rmq(c, "cluster", "rebalance", "--wait", timeout=240).stdout
+        assert "rebalance: done" in out, out
         st = settled(client)
         replicas, leaders = per_node(st)
         assert set(replicas) == set(c.addresses), replicas
@@ -147,10 +150,13 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
         produce("balanced")
 
         gone = c.addresses[0]
-        print(client.cluster_command("decommission", gone))
-        wait_until(lambda: next(m for m in client.cluster_status()["members"]
-                                if m["address"] == gone)["state"] == "removed",
-                   timeout=180, interval=0.5, what=f"{gone} removed")
+        out = rmq(c, "cluster", "decommission", gone, "--wait", "--timeout", "180", timeout=240).stdout
+        assert f"decommission {gone}: done" in out, out
+        view = json.loads(rmq(c, "cluster", "status", "--json").stdout)
+        assert gone not in [n["address"] for n in view["nodes"]]          # out of the cluster
+        assert next(m for m in client.cluster_status()["members"] if m["address"] == gone)["state"] == "removed"
+        assert all(gone not in g["replicas"] for g in view["groups"] if g["group"] != 0)
+        assert all(g["leader"] and not g["moving"] for g in view["groups"]), view["groups"]
         st = settled(client)
         assert all(gone not in r and len(set(r)) == 3 for r in st["placement"].values()), st["placement"]
         c.kill(0)
@@ -158,6 +164,59 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
         for q in range(6):
             got = [r.value for r in client.fetch("elastic", q, 0, max_messages=10_000).records]
             assert got == sent[q], (q, len(got), len(sent[q]))
+    finally:
+        client.close()
+        c.stop()
+
+
+def test_cluster_commands_refuse_bad_input(five):
+    bad = rmq(five, "cluster", "decommission", "10.9.9.9:1", check=False)
+    assert bad.returncode != 0 and "is not in the cluster" in bad.stderr, bad.stderr
+    # five nodes, groups of three: decommissioning three would leave two
+    c = Client(five.endpoints)
+    try:
+        with pytest.raises(Exception, match="add a node first"):
+            for a in five.addresses[:3]:
+                c.cluster_command("decommission", a)
+        st = c.cluster_status()
+        assert [m["state"] for m in st["members"]].count("leaving") == 2
+    finally:
+        c.close()
+
+
+def test_a_node_down_past_repair_after_has_its_replicas_recreated_and_rejoins_cleanly(tmp_path):
+    c = start_cluster(tmp_path / "repair", nodes=4, groups=4,
+                      extra_args=("--replication-factor", "3", "--repair-after", "3"))
+    client = Client(c.endpoints)
+    try:
+        client.create_topic("repaired", queues=4)
+        for q in range(4):
+            client.produce("repaired", [f"{q}-{i}".encode() for i in range(50)], queue=q)
+        st = client.cluster_status()
+        dead = c.addresses[1]
+        held = [g for g, reps in st["placement"].items() if dead in reps]
+        assert held, st["placement"]
+        c.kill(1)
+        st = wait_until(lambda: (s := client.cluster_status()) and not moving(s)
+                        and all(dead not in r for r in s["placement"].values()) and s,
+                        timeout=120, interval=0.5, what=f"{dead}'s replicas re-created elsewhere")
+        assert all(len(set(r)) == 3 for r in st["placement"].values()), st["placement"]
+        for q in range(4):
+            client.produce("repaired", [f"{q}-late".encode()], queue=q)
+            got = [r.value for r in client.fetch("repaired", q, 0, max_messages=1000).records]
+            assert got == [f"{q}-{i}".encode() for i in range(50)] + [f"{q}-late".encode()]
+        # it comes back: it drops the replicas it no longer holds and serves again
+        c.start_node(1)
+        c.wait_ready(60, nodes=[1])
+        wait_until(lambda: not [g for n in client.cluster_status()["nodes"] if n["address"] == dead
+                                for g in n["groups"] if g["group"] != 0],
+                   timeout=60, interval=0.5, what=f"{dead} dropping the replicas moved away")
+        assert rmq(c, "cluster", "rebalance", "--wait", timeout=240).returncode == 0
+        st = settled(client)
+        replicas, _ = per_node(st)
+        assert replicas[dead] >= 2, replicas              # 12 replicas over 4 nodes: 3 each
+        for q in range(4):
+            assert len(client.fetch("repaired", q, 0, max_messages=1000).records) == 51
     finally:
         client.close()
         c.stop()

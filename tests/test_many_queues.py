@@ -78,3 +78,39 @@ def test_queues_past_the_clusters_limit_are_refused_and_nothing_changes(tmp_path
             client.create_topic("third", queues=40)                    # deleting frees its queues
     finally:
         cluster.stop()
+
+
+def test_twenty_thousand_queues_on_five_nodes_within_the_file_budget(tmp_path):
+    """The bounded version of bench/scale.py's 100,000-queue run: 20,000 queues over
+    five nodes (10 groups of 3 replicas), one message each, a budget of 1,500 open
+    segment files per node; every node stays within it and the messages read back,
+    also after a restart of the whole cluster."""
+    from rmq_spark.client import Message
+    budget, n = 1500, 20_000
+    cluster = LocalCluster(nodes=5, groups=10, data_dir=str(tmp_path),
+                           extra_args=["--max-open-files", str(budget)])
+    cluster.start(timeout=90)
+    topics = [(f"big-{i}", 4000) for i in range(n // 4000)]
+    try:
+        with Client(cluster.endpoints, timeout=120) as client:
+            for name, k in topics:
+                client.create_topic(name, queues=k)
+            pairs = [(name, q) for name, k in topics for q in range(k)]
+            for i in range(0, len(pairs), 500):
+                client.produce_batches([(name, q, [Message(f"{name}/{q}".encode())]) for name, q in pairs[i:i + 500]])
+            fds = [_open_fds(p.pid) for p in cluster.procs]
+            assert max(fds) < budget + 300, fds         # segment files + sockets, journals, the JVM-free rest
+            st = client.cluster_status()
+            per_node = [sum(a in r for r in st["placement"].values()) for a in cluster.addresses]
+            assert per_node == [6] * 5, per_node           # 10 groups x 3 replicas over 5 nodes
+            sample = pairs[::97]
+            for name, q in sample:
+                assert [r.value for r in client.fetch(name, q, 0).records] == [f"{name}/{q}".encode()]
+        cluster.stop()
+        cluster.start(timeout=300)
+        with Client(cluster.endpoints, timeout=120) as client:
+            for name, q in sample[::5]:
+                assert [r.value for r in client.fetch(name, q, 0).records] == [f"{name}/{q}".encode()]
+        assert all(p.poll() is None for p in cluster.procs), "a node stopped"
+    finally:
+        cluster.stop()

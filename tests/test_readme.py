@@ -25,7 +25,7 @@ from .conftest import start_cluster
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE_ENDPOINTS = "127.0.0.1:7000,127.0.0.1:7007,127.0.0.1:7014"
+SAMPLE_ENDPOINTS = "127.0.0.1:7000,127.0.0.1:7003,127.0.0.1:7006"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 
 

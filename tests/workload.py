@@ -4,7 +4,7 @@ A ``Producer`` appends numbered messages ``p<pid>:<queue>:<n>`` with a fixed
 producer id and sequence, and retries a failed batch with the same id/sequence
 until it is acknowledged (odd pids through ``produce_batches``, the produce
 port; even pids through ``produce`` over gRPC). ``verify`` then reads every
-queue from every replica: every acknowledged message present exactly once, in
+queue from every replica of its group (once replica moves are done): every acknowledged message present exactly once, in
 each producer's order, offsets contiguous, replicas identical.
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from storage_service.local import LocalCluster
 
-__all__ = ["Verdict", "Producer", "verify", "leader_index", "harness_parser", "run_for"]
+__all__ = ["Verdict", "Producer", "verify", "leader_index", "harness_parser", "replicas_of_queues", "run_for",
+           "settle"]
 
 
 @dataclass
@@ -126,11 +127,32 @@ def _read_queue(client, topic: str, q: int, address: str) -> list[tuple[int, byt
         off = res.next_offset
 
 
-def _wait_converged(client, cluster: LocalCluster, topic: str, queues: int, timeout: float = 60) -> None:
+def replicas_of_queues(client, cluster: LocalCluster, topic: str, queues: int) -> dict[int, list[str]]:
+    """queue -> the nodes holding its replicas (the recorded placement; every node of
+    a cluster that records none)."""
+    placement = client.cluster_status().get("placement") or {}
+    return {q: placement.get(client.group_of(topic, q)) or list(cluster.addresses) for q in range(queues)}
+
+
+def settle(client, timeout: float = 120) -> None:
+    """Wait until no data group is moving (its voters are the recorded replicas)."""
+    from rmq_spark.cli._status import moving_groups
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not moving_groups(client.cluster_status()):
+                return
+        except Exception:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"data groups still moving after {timeout}s")
+
+
+def _wait_converged(client, where: dict[int, list[str]], topic: str, timeout: float = 60) -> None:
     def converged():
-        ends = {(i, q): client.call("Offsets", _offsets_req(topic), address=a).queues[q].latest
-                for i, a in enumerate(cluster.addresses) for q in range(queues)}
-        return all(len({ends[(i, q)] for i in range(cluster.nodes)}) == 1 for q in range(queues))
+        ends = {(a, q): client.call("Offsets", _offsets_req(topic), address=a).queues[q].latest
+                for q, nodes in where.items() for a in nodes}
+        return all(len({ends[(a, q)] for a in nodes}) == 1 for q, nodes in where.items())
     deadline = time.monotonic() + timeout
     while not converged() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -138,10 +160,13 @@ def _wait_converged(client, cluster: LocalCluster, topic: str, queues: int, time
 
 def verify(client, cluster: LocalCluster, topic: str, producers: list[Producer],
            queues: int, report: Verdict) -> None:
-    """Wait (up to 60 s) until the replicas agree on every queue's end, then count into ``report``."""
-    _wait_converged(client, cluster, topic, queues)
+    """Wait until replica moves are done and (up to 60 s) the replicas agree on every
+    queue's end, then count into ``report``."""
+    settle(client)
+    where = replicas_of_queues(client, cluster, topic, queues)
+    _wait_converged(client, where, topic)
     for q in range(queues):
-        replicas = [_read_queue(client, topic, q, a) for a in cluster.addresses]
+        replicas = [_read_queue(client, topic, q, a) for a in where[q]]
         report.replica_mismatches += sum(1 for r in replicas[1:] if r != replicas[0])
         records = replicas[0]
         report.offset_gaps += sum(1 for i, (off, _) in enumerate(records) if off != i)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 from ..client import Client
 from ..units import human_bytes
@@ -20,6 +22,13 @@ def add_parsers(sub) -> None:
     cs = cl.add_subparsers(dest="action", required=True)
     st = cs.add_parser("status", help="nodes, raft groups (group 0 holds metadata), leaders, raft indexes")
     st.add_argument("--json", action="store_true")
+    de = cs.add_parser("decommission", help="move every replica off a node, then take it out of the cluster")
+    de.add_argument("node", help="the node's address, as rmq cluster status shows it")
+    de.add_argument("--wait", action="store_true", help="return once the node is out (it can then be stopped)")
+    de.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
+    rb = cs.add_parser("rebalance", help="move replicas, then leaderships, until nodes differ by at most one")
+    rb.add_argument("--wait", action="store_true", help="return once the cluster is balanced")
+    rb.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
 
 
 def cmd_offsets(client: Client, a) -> int:
@@ -52,10 +61,12 @@ def cluster_view(st: dict) -> dict:
     replicas and leader (the address of the node that reports leading it)."""
     groups: dict[int, dict] = {}
     nodes = []
+    membership = {m["address"]: m["state"] for m in st.get("members") or ()}
     for n in st["nodes"]:
         held = n["groups"]
         leads = [g["group"] for g in held if g["leader"] and g["leader"] == n["address"]]
         nodes.append({**n, "state": "up" if n["reachable"] else "down",
+                      "membership": membership.get(n["address"], "active"),
                       "groups": [{**g, "role": _role(g["group"])} for g in held],
                       "leaders": leads, "queues": sum(g.get("queues", 0) for g in held),
                       "bytes": sum(g.get("bytes", 0) for g in held)})
@@ -70,29 +81,82 @@ def cluster_view(st: dict) -> dict:
                 view["leader"] = g["leader"]          # as a follower sees it
             view["term"] = max(view["term"], g["term"])
     placement = st.get("placement") or {}
+    for g in placement:
+        groups.setdefault(g, {"group": g, "role": "data", "replicas": [], "leader": "", "term": 0,
+                              "commit_index": 0})        # no replica of it answered
+    moving = set(moving_groups(st))
     for g, view in groups.items():
+        view["moving"] = g in moving
         if g in placement:          # as recorded: also the replicas on nodes that did not answer
             view["replicas"] = list(placement[g])
         elif g == META_GROUP:
             view["replicas"] = [n["address"] for n in nodes]      # every node holds one
     return {"data_groups": st["groups"], "metadata_group": META_GROUP, "nodes": nodes,
-            "groups": [groups[g] for g in sorted(groups)]}
+            "groups": [groups[g] for g in sorted(groups)], "controller": st.get("controller", "")}
+
+
+def moving_groups(st: dict) -> list[int]:
+    """Data groups whose voters, as their leader reports them, are not yet the recorded replicas."""
+    out = []
+    for g, want in (st.get("placement") or {}).items():
+        lead = next((x for n in st["nodes"] for x in n["groups"]
+                     if x["group"] == g and x["leader"] and x["leader"] == n["address"]), None)
+        if lead is None or sorted(lead.get("replicas") or ()) != sorted(want):
+            out.append(g)
+    return out
+
+
+def _wait_for(client: Client, done, what: str, timeout: float) -> int:
+    """Poll cluster status until ``done(status)``, printing progress when it changes."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        st = client.cluster_status()
+        if done(st):
+            print(f"{what}: done")
+            return 0
+        moving = moving_groups(st)
+        line = f"{what}: {len(moving)} group(s) moving {moving or ''} {st.get('controller') or ''}".rstrip()
+        if line != last:
+            print(line, flush=True)
+            last = line
+        if time.monotonic() > deadline:
+            print(f"{what}: not done after {timeout:.0f}s (rmq cluster status shows where it is)", file=sys.stderr)
+            return 1
+        time.sleep(1.0)
 
 
 def cmd_cluster(client: Client, a) -> int:
+    if a.action == "decommission":
+        print(client.cluster_command("decommission", a.node))
+        if not a.wait:
+            return 0
+        return _wait_for(client, lambda st: any(m["address"] == a.node and m["state"] == "removed"
+                                                for m in st["members"]) and not moving_groups(st),
+                         f"decommission {a.node}", a.timeout)
+    if a.action == "rebalance":
+        print(client.cluster_command("rebalance"))
+        if not a.wait:
+            return 0
+        return _wait_for(client, lambda st: st["rebalance_done"] >= st["rebalance_asked"] and not moving_groups(st),
+                         "rebalance", a.timeout)
     view = cluster_view(client.cluster_status())
     if a.json:
         print(json.dumps(view, indent=2))
         return 0
     rows = [[n["node_id"], n["address"], n["pid"] or "-", n["state"].upper() if n["state"] == "down" else "up",
+             n["membership"], len([g for g in n["groups"] if g["group"] != META_GROUP]),
              ",".join(map(str, n["leaders"])) or "-", n["queues"], human_bytes(n["bytes"]),
              n.get("open_files", 0)] for n in view["nodes"]]
-    print(table(rows, ["node", "address", "pid", "state", "leads groups", "queues", "bytes", "open files"]))
+    print(table(rows, ["node", "address", "pid", "state", "member", "replicas", "leads groups", "queues",
+                       "bytes", "open files"]))
     print()
     by_node = {n["address"]: n for n in view["nodes"]}
     rows = [[f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"], g["commit_index"] or "-",
-             len(g["replicas"]), " ".join(str(by_node[r]["node_id"]) for r in g["replicas"])]
+             len(g["replicas"]), " ".join(str(by_node[r]["node_id"]) if r in by_node else r for r in g["replicas"]),
+             "moving" if g.get("moving") else ""]
             for g in view["groups"]]
-    print(table(rows, ["group", "leader", "term", "commit", "replicas", "on nodes"]))
-    print(f"\n{view['data_groups']} data groups (1..{view['data_groups']}) and the metadata group 0")
+    print(table(rows, ["group", "leader", "term", "commit", "replicas", "on nodes", ""]))
+    print(f"\n{view['data_groups']} data groups (1..{view['data_groups']}) and the metadata group 0"
+          + (f"; controller: {view['controller']}" if view["controller"] else ""))
     return 0

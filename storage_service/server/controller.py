@@ -52,7 +52,7 @@ from ..protocol.placement import META_GROUP, raft_address
 from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
 from .errors import NotLeader, ServiceError
 
-__all__ = ["Controller", "ClusterView", "plan_move"]
+__all__ = ["Controller", "ClusterView", "plan_move", "plan_rebalance"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,31 @@ def plan_move(view: ClusterView, g: int, rf: int) -> list[str] | None:
     if len(reps) < min(rf, len(usable)):
         target = best(reps)
         return reps + [target] if target else None
+    return None
+
+
+def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
+    """The next step towards even load, or None when balanced: ("replicas", g, the
+    group's new replicas) moves one replica from a node with more to one with at
+    least two fewer (the fullest and emptiest first); then ("leader", g, node)
+    moves one leadership the same way."""
+    replicas, leaders = view.load()
+    for donor in sorted(replicas, key=lambda a: (-replicas[a], a)):
+        for taker in sorted(replicas, key=lambda a: (replicas[a], a)):
+            if replicas[donor] - replicas[taker] <= 1:
+                break
+            for g in sorted(view.record):
+                reps = view.record[g]
+                if donor in reps and taker not in reps:
+                    return "replicas", g, [taker if a == donor else a for a in reps]
+    led = {g: view.group_report(g)[0] for g in view.record}
+    for donor in sorted(leaders, key=lambda a: (-leaders[a], a)):
+        for taker in sorted(leaders, key=lambda a: (leaders[a], a)):
+            if leaders[donor] - leaders[taker] <= 1:
+                break
+            for g in sorted(view.record):
+                if led[g] == donor and taker in view.record[g]:
+                    return "leader", g, taker
     return None
 
 
@@ -242,25 +267,15 @@ class Controller:
         meta = self.node.meta
         if meta.rebalance <= meta.rebalanced:
             return False
-        replicas, leaders = view.load()
-        if len(replicas) < 2:
+        step = plan_rebalance(view)
+        if step is None:
             return self._rebalanced(meta.rebalance)
-        most = max(replicas, key=lambda a: (replicas[a], a))
-        least = min(replicas, key=lambda a: (replicas[a], a))
-        if replicas[most] - replicas[least] > 1:
-            for g in sorted(view.record):
-                reps = view.record[g]
-                if most in reps and least not in reps:
-                    return self._set(g, [least if a == most else a for a in reps], reps)
-        most = max(leaders, key=lambda a: (leaders[a], a))
-        least = min(leaders, key=lambda a: (leaders[a], a))
-        if leaders[most] - leaders[least] > 1:
-            for g in sorted(view.record):
-                leader, gs = view.group_report(g)
-                if leader == most and least in view.record[g]:
-                    self._ask(leader, "TransferLeader", rmq_pb2.TransferLeaderRequest(group=g, to=least))
-                    return True
-        return self._rebalanced(meta.rebalance)
+        kind, g, target = step
+        if kind == "replicas":
+            return self._set(g, target, view.record[g])
+        leader, _ = view.group_report(g)
+        self._ask(leader, "TransferLeader", rmq_pb2.TransferLeaderRequest(group=g, to=target))
+        return True
 
     def _rebalanced(self, index: int) -> bool:
         self.node.meta_command(RequestRebalance(int(time.time() * 1000), done=index))

@@ -1,0 +1,92 @@
+"""The controller's planning (storage_service/server/controller.py) on made-up views:
+where replicas go when nodes join, leave or fail, and when a rebalance stops."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from storage_service.proto import rmq_pb2
+from storage_service.protocol.placement import initial_replicas
+from storage_service.server.controller import ClusterView, plan_move, plan_rebalance
+
+pytestmark = pytest.mark.unit
+
+
+def _view(nodes, record, leaders=None, states=None, down=()):
+    """A view where every node but ``down`` answered, ``leaders`` (group -> node,
+    default the first replica) leading."""
+    leaders = leaders or {g: r[0] for g, r in record.items()}
+    status = {}
+    for a in nodes:
+        if a in down:
+            continue
+        st = rmq_pb2.NodeStatus(address=a)
+        for g, reps in record.items():
+            if a in reps:
+                st.groups.add(group=g, leader=leaders[g], replicas=reps)
+        status[a] = st
+    recs = {a: {"state": (states or {}).get(a, "active")} for a in nodes}
+    return ClusterView(recs, {g: list(r) for g, r in record.items()}, status, set(down))
+
+
+def _apply_all(view, rf=3, rebalance=True):
+    moves = 0
+    for _ in range(10_000):
+        step = next((("replicas", g, w) for g in sorted(view.record)
+                     if (w := plan_move(view, g, rf)) is not None), None)
+        if step is None and rebalance:
+            step = plan_rebalance(view)
+        if step is None:
+            return moves
+        kind, g, target = step
+        if kind == "replicas":
+            moves += len(set(target) - set(view.record[g]))
+            view = _view(list(view.nodes), {**view.record, g: target},
+                         states={a: r["state"] for a, r in view.nodes.items()}, down=view.down)
+        else:
+            leaders = {h: view.group_report(h)[0] for h in view.record}
+            leaders[g] = target
+            view = _view(list(view.nodes), view.record, leaders,
+                         states={a: r["state"] for a, r in view.nodes.items()}, down=view.down)
+        _apply_all.last = view
+    raise AssertionError("planning never settled")
+
+
+def test_the_founding_placement_is_even_and_spreads_preferred_leaders():
+    nodes = [f"n{i}" for i in range(5)]
+    record = initial_replicas(nodes, 10, 3)
+    assert all(len(set(r)) == 3 for r in record.values())
+    assert set(collections.Counter(a for r in record.values() for a in r).values()) == {6}
+    assert set(collections.Counter(r[0] for r in record.values()).values()) == {2}
+    assert initial_replicas(["solo"], 4, 3) == {g: ["solo"] for g in range(1, 5)}   # RF capped at N
+
+
+def test_joined_nodes_get_exactly_their_share_and_leaders_even_out():
+    nodes = [f"n{i}" for i in range(3)]
+    record = initial_replicas(nodes, 6, 3)
+    view = _view(nodes + ["n3", "n4"], record)
+    moves = _apply_all(view)
+    end = _apply_all.last
+    per = collections.Counter(a for r in end.record.values() for a in r)
+    assert max(per.values()) - min(per.values()) <= 1 and set(per) == set(end.nodes)
+    assert moves == per["n3"] + per["n4"]              # nothing moved between the old nodes
+    led = collections.Counter(end.group_report(g)[0] for g in end.record)
+    assert max(led[a] for a in end.nodes) - min(led[a] for a in end.nodes) <= 1
+
+
+def test_a_leaving_or_down_node_is_emptied_onto_the_least_loaded():
+    nodes = [f"n{i}" for i in range(4)]
+    record = initial_replicas(nodes, 8, 3)
+    for states, down in (({"n0": "leaving"}, ()), ({}, ("n0",))):
+        view = _view(nodes, record, states=states, down=down)
+        held = sum("n0" in r for r in record.values())
+        assert _apply_all(view, rebalance=False) == held
+        assert all("n0" not in r and len(set(r)) == 3 for r in _apply_all.last.record.values())
+
+
+def test_no_move_when_no_node_can_take_the_replica():
+    nodes = ["n0", "n1", "n2"]
+    record = initial_replicas(nodes, 3, 3)
+    view = _view(nodes, record, states={"n0": "leaving"})
+    assert all(plan_move(view, g, 3) is None for g in record)     # every other node holds it already
