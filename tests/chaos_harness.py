@@ -6,8 +6,8 @@ Producers append numbered messages with a fixed producer id and sequence, and
 retry a failed batch with the same id/sequence until it is acknowledged. A
 fault thread meanwhile changes the cluster's membership: a fourth node joins,
 a rebalance moves replicas onto it and a node taking part in a replica move
-is SIGKILLed mid-move and restarted (runs of a minute or more: a fifth node
-joins later and a founding node is decommissioned, then stopped for good).
+is SIGKILLed mid-move and restarted; later a fifth node joins (another
+rebalance) and a founding node is decommissioned, then stopped for good.
 Between those it SIGKILLs the leader of a random group and restarts it and
 pauses a node (SIGSTOP/SIGCONT); at the end it kills every node at once and
 restarts them all. Then every queue is read from every replica of its group
@@ -92,10 +92,9 @@ def _decommission(client, cluster: LocalCluster, report: ChaosReport, removed: s
 def _faults(client, cluster: LocalCluster, stop: threading.Event, report: ChaosReport,
             rng: random.Random, seconds: float, removed: set[int]) -> None:
     t0 = time.monotonic()
-    plan = [(0.5, lambda: _join_and_move(client, cluster, stop, report, rng, kill_mid_move=True))]
-    if seconds >= 60:
-        plan += [(0.4 * seconds, lambda: _join_and_move(client, cluster, stop, report, rng, False)),
-                 (0.65 * seconds, lambda: _decommission(client, cluster, report, removed))]
+    plan = [(0.5, lambda: _join_and_move(client, cluster, stop, report, rng, kill_mid_move=True)),
+            (0.4 * seconds, lambda: _join_and_move(client, cluster, stop, report, rng, False)),
+            (0.65 * seconds, lambda: _decommission(client, cluster, report, removed))]
     while not stop.is_set():
         if stop.wait(rng.uniform(0.5, 1.5)):
             return
