@@ -57,8 +57,14 @@ class LeaseElection:
     ``SyncObj.__init__``, ``_election_message`` first in message dispatch,
     ``_election_tick`` first in ``_onTick``."""
 
-    def _init_election(self, min_timeout: float) -> None:
+    def _init_election(self, min_timeout: float, preferred: bool = False) -> None:
         self._min_timeout = min_timeout
+        if preferred:
+            # Preferred leader: stand first, just after the start-up stickiness
+            # (min_timeout) ends, before the others' timers (min_timeout..max)
+            # fire, so a cluster's leaders start spread as its placement lays
+            # them out (the first replica of each group goes round the nodes).
+            self._SyncObj__raftElectionDeadline = _now() + min_timeout * 1.05
         self._lease_span = min_timeout * LEASE_FRACTION
         self._leader_contact = _now()   # just started: as if a leader was heard now
         self._echo: tuple[int, float] | None = None     # (term, leader's stamp) last received

@@ -86,10 +86,12 @@ class RaftTiming:
 class RaftGroup(Membership, LeaseElection, SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
-                 loop: RaftLoop | None = None, members_index: int = 0):
+                 loop: RaftLoop | None = None, members_index: int = 0, preferred: bool = False):
         """``peers``: the group's voters (raft addresses) as of raft index
         ``members_index`` (0: a founding replica); kept in the replica's
-        ``members`` file when it is created, and ignored once it has one."""
+        ``members`` file when it is created, and ignored once it has one.
+        ``preferred``: this replica should lead (the first of the group's recorded
+        replicas): at start it stands for election first (election.py)."""
         self.group_id = group_id
         self.state = state
         self.timing = timing
@@ -142,7 +144,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
                 super().__init__(self_addr, others, conf, **kwargs)
             finally:
                 pysyncobj.syncobj.createPoller = make
-        self._init_election(timing.min_timeout)
+        self._init_election(timing.min_timeout, preferred)
         self._apply_id = self._methodToID[self._getFuncName("apply_command")]
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._load_members()

@@ -152,9 +152,11 @@ class StorageNode(ReplicaSet, Upkeep):
 
     def _raft(self, g: int, state, members, members_index: int = 0) -> RaftGroup:
         c = self.config
+        laid_out = (self.meta.replicas_of(g) or self.layout.get(g) or list(members)) if g else list(members)
         return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
-                         loop=self.raft_loop, members_index=members_index)
+                         loop=self.raft_loop, members_index=members_index,
+                         preferred=bool(laid_out) and laid_out[0] == c.address)
 
     def _open_group(self, g: int, members, members_index: int = 0) -> None:
         """Open this node's replica of data group ``g``, or create it, empty, with

@@ -72,7 +72,10 @@ class ReplicaSet:
 
     # -------------------------------------------------------- following the record
     def _reconcile(self) -> None:
-        while not self._stopping.wait(RECONCILE_S):
+        wait = 0.05
+        while not self._stopping.wait(wait):
+            # quickly until the placement is recorded (a node serves only then), then every second
+            wait = RECONCILE_S if self.meta.replicas else 0.05
             try:
                 self.reconcile_once()
             except (NotLeader, ServiceError) as e:

@@ -377,7 +377,8 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     def Health(self, request, context):
         with_leader = sum(1 for g in self.node.groups if self.node.leader_of(g))
         removed = self.node.meta.node_state(self.node.config.address) == "removed"
-        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups) and not removed,
+        placed = bool(self.node.meta.replicas)          # the cluster's placement, applied here
+        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups) and placed and not removed,
                                       groups_with_leader=with_leader, groups_total=len(self.node.groups))
 
     @_guard
