@@ -16,6 +16,11 @@ port) and a reader of ``Client.offsets`` while links are cut and healed:
 - ``bridge``: two nodes cannot talk to each other; the third reaches both.
 - ``cut-off``: one node's link goes down; nobody reaches it, the client neither.
 - ``flap``: the leader of a data group isolated and healed again every 1-2 s.
+- ``move``: on a cluster of four (each group on three), a replica of a data
+  group is moved to the node without one (its leader's replica every other
+  time, so the leadership moves too), and at once the group's leader, the
+  node taking the replica or the one giving it up is isolated; the
+  controller finishes the move once the partition heals.
 
 After the last heal the run verifies the topic (every acknowledged message
 exactly once, per-producer order, contiguous offsets, identical replicas) and
@@ -238,6 +243,28 @@ def _cut_off(run: _Run) -> str:
     return f"cut off node {node} (client included)"
 
 
+def _move(run: _Run) -> str | None:
+    """Ask the controller to move one replica of a group, then isolate a node that
+    takes part in the move (the move runs through the cut and after the heal)."""
+    from rmq_spark.cli._status import moving_groups
+    st = run.client.cluster_status()
+    if moving_groups(st):
+        return None                          # the last move is not done yet
+    g = run.rng.choice(run.groups)
+    reps = st["placement"][g]
+    spare = [a for a in run.cluster.addresses if a not in reps]
+    leader = leader_index(run.client, run.cluster, g)
+    if not spare or leader is None:
+        return None
+    giver = run.cluster.addresses[leader] if run.rng.random() < 0.5 else run.rng.choice(reps)
+    run.client.cluster_command("move", giver, g, spare[0])
+    victim = run.rng.choice([leader, run.cluster.addresses.index(spare[0]), run.cluster.addresses.index(giver)])
+    time.sleep(run.rng.uniform(0.2, 1.5))    # the move under way: adding, catching up or removing
+    _cut(run, {victim}, lambda: run.net.isolate(victim))
+    run.kept.pop(g, None)                    # its leadership may move on purpose
+    return f"move group {g}: {giver} -> {spare[0]}, isolate node {victim}"
+
+
 def _check_heal(run: _Run) -> None:
     """After a heal: a leader that kept its majority through the cut still leads, in
     the same term. A rejoining node that had raised its term while cut off would
@@ -260,7 +287,9 @@ SCENARIOS: dict[str, tuple[Callable[[_Run], str | None], tuple[float, float], tu
     "bridge": (_bridge, (4.0, 6.0), (2.0, 3.0)),
     "cut-off": (_cut_off, (4.0, 6.0), (2.0, 3.0)),
     "flap": (_isolate_leader, (1.0, 2.0), (1.0, 2.0)),
+    "move": (_move, (3.0, 5.0), (3.0, 5.0)),
 }
+NODES = {"move": 4}         # nodes a scenario runs on (3 otherwise)
 
 
 def _faults(run: _Run, scenario: str, stop: threading.Event) -> None:
@@ -345,24 +374,28 @@ def _new_tracebacks(cluster: NetnsCluster, since: dict[str, int]) -> int:
 
 def run_partition(data_dir: str, scenarios: list[str], seconds: float = 60.0, queues: int = 6,
                   groups: int = 3, seed: int = 1, log=print, fsync: str = "always") -> list[PartitionReport]:
-    """Run ``scenarios`` one after another on one cluster of 3 nodes in namespaces."""
+    """Run ``scenarios`` one after another on a cluster of 3 nodes in namespaces (4 for
+    ``move``, on a cluster of its own)."""
     from rmq_spark.client import Client
 
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         raise ValueError(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
     reports = []
-    with Netns(3) as net:
-        cluster = NetnsCluster(net, data_dir, groups=groups, fsync=fsync,
-                               extra_args=["--compaction-entries", "200"])
-        cluster.start(timeout=90)
-        try:
-            with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
-                for k, scenario in enumerate(scenarios):
-                    reports.append(_run_scenario(cluster, client, scenario, seconds, queues, seed + k, log))
-                    log(reports[-1].summary())
-        finally:
-            cluster.stop()
+    for nodes in sorted({NODES.get(s, 3) for s in scenarios}):
+        with Netns(nodes) as net:
+            cluster = NetnsCluster(net, os.path.join(data_dir, f"nodes-{nodes}"), groups=groups, fsync=fsync,
+                                   extra_args=["--compaction-entries", "200"])
+            cluster.start(timeout=90)
+            try:
+                with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
+                    for k, scenario in enumerate(scenarios):
+                        if NODES.get(scenario, 3) != nodes:
+                            continue
+                        reports.append(_run_scenario(cluster, client, scenario, seconds, queues, seed + k, log))
+                        log(reports[-1].summary())
+            finally:
+                cluster.stop()
     return reports
 
 

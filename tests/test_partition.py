@@ -39,6 +39,13 @@ def test_partition_bounded(tmp_path, netns_ok):
     _check(run_partition(str(tmp_path), ["isolate-leader", "flap"], seconds=8, seed=7))
 
 
+@pytest.mark.integration
+def test_partition_bounded_replica_moves(tmp_path, netns_ok):
+    """Replica moves (and the leadership moving with them) while a node taking part
+    is cut off: the partition harness judges membership changes too."""
+    _check(run_partition(str(tmp_path), ["move"], seconds=12, seed=7))
+
+
 # Also marked chaos: `make test` (-m "not chaos") leaves these long runs out.
 @pytest.mark.chaos
 @pytest.mark.partition

@@ -26,6 +26,12 @@ def add_parsers(sub) -> None:
     de.add_argument("node", help="the node's address, as rmq cluster status shows it")
     de.add_argument("--wait", action="store_true", help="return once the node is out (it can then be stopped)")
     de.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
+    mv = cs.add_parser("move", help="move one replica of a data group to another node")
+    mv.add_argument("group", type=int)
+    mv.add_argument("node", help="the node whose replica moves (address as cluster status shows it)")
+    mv.add_argument("to", help="the node that takes it")
+    mv.add_argument("--wait", action="store_true", help="return once the move is done")
+    mv.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
     rb = cs.add_parser("rebalance", help="move replicas, then leaderships, until nodes differ by at most one")
     rb.add_argument("--wait", action="store_true", help="return once the cluster is balanced")
     rb.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
@@ -134,6 +140,12 @@ def cmd_cluster(client: Client, a) -> int:
         return _wait_for(client, lambda st: any(m["address"] == a.node and m["state"] == "removed"
                                                 for m in st["members"]) and not moving_groups(st),
                          f"decommission {a.node}", a.timeout)
+    if a.action == "move":
+        print(client.cluster_command("move", a.node, a.group, a.to))
+        if not a.wait:
+            return 0
+        return _wait_for(client, lambda st: a.group not in moving_groups(st), f"move of group {a.group}",
+                         a.timeout)
     if a.action == "rebalance":
         print(client.cluster_command("rebalance"))
         if not a.wait:

@@ -450,11 +450,12 @@ class Client:
                 "controller": resp.controller, "rebalance_asked": resp.rebalance_asked,
                 "rebalance_done": resp.rebalance_done}
 
-    def cluster_command(self, action: str, node: str = "") -> str:
-        """``rebalance``, or ``decommission`` ``node`` (its address as cluster status shows
-        it): recorded by the metadata leader, carried out by its controller."""
-        return self.call("ClusterCommand", rmq_pb2.ClusterCommandRequest(action=action, node=node),
-                         group=META_GROUP).message
+    def cluster_command(self, action: str, node: str = "", group: int = 0, to: str = "") -> str:
+        """``rebalance``; ``decommission`` ``node`` (its address as cluster status shows
+        it); ``move`` ``node``'s replica of data group ``group`` to node ``to``: recorded
+        by the metadata leader, carried out by its controller."""
+        req = rmq_pb2.ClusterCommandRequest(action=action, node=node, group=group, to=to)
+        return self.call("ClusterCommand", req, group=META_GROUP).message
 
     def health(self, address: str | None = None, timeout: float = 5.0) -> dict:
         r = self.call("Health", rmq_pb2.HealthRequest(), address=address, timeout=timeout)

@@ -307,7 +307,16 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
                         "keeping the journal", self.group_id, last_idx)
             self.forceLogCompaction()        # rewrite our own snapshot file soon
         else:
-            self._SyncObj__loadDumpFile(True)
+            try:
+                self._SyncObj__loadDumpFile(True)
+            except Exception as e:
+                if not getattr(e, "retry_later", False):
+                    raise
+                # The state machine could not take it yet (its catch-up from peers
+                # failed: a partition, peers down). Not acknowledged: the leader
+                # sends it again, and the install goes on from what it got.
+                log.warning("group %d: snapshot at %d not installed yet: %s", self.group_id, last_idx, e)
+                return None
         SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, last_idx))
         # reset=True moves the leader's next index to just past the snapshot
         # (a plain success does not when its match index is already higher,

@@ -179,8 +179,8 @@ class Controller:
             try:
                 status[a] = fut.result(timeout=1.5)
                 self._last_seen[a] = now
-            except (grpc.RpcError, FutureTimeout):
-                pass
+            except (grpc.RpcError, grpc.FutureTimeoutError, FutureTimeout):
+                fut.cancel()             # down, cut off or paused: not seen this pass
         down = {a for a in asked if a not in status
                 and now - self._last_seen.get(a, self._since) > self.repair_after}
         return ClusterView(nodes, record, status, down)

@@ -24,7 +24,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP, grpc_address, raft_address
 from ..raft.group import RaftGroup
-from ..statemachine.commands import RequestRebalance, SetNode, SetPlacement
+from ..statemachine.commands import RequestRebalance, SetNode, SetPlacement, SetReplicas
 from .errors import NotLeader, ServiceError, invalid, not_found
 from .peers import ask_group
 
@@ -191,15 +191,18 @@ class ReplicaSet:
         members, commit = self.raft_loop.call(raft.config_at_commit)
         return [grpc_address(m) for m in members], commit
 
-    def cluster_command(self, action: str, node: str) -> str:
-        """``rmq cluster rebalance`` / ``decommission NODE`` (this node leads the metadata group)."""
+    def cluster_command(self, action: str, node: str, group: int = 0, to: str = "") -> str:
+        """``rmq cluster rebalance`` / ``decommission NODE`` / ``move GROUP NODE TO``
+        (this node leads the metadata group)."""
         self.require_leader(META_GROUP)
         now = int(time.time() * 1000)
         if action == "rebalance":
             index = self.meta_command(RequestRebalance(now))
             return f"rebalance {index} asked: replicas, then leaders, move until nodes differ by at most one"
+        if action == "move":
+            return self._move(group, node, to)
         if action != "decommission":
-            raise invalid(f"action {action!r}: allowed decommission, rebalance")
+            raise invalid(f"action {action!r}: allowed decommission, move, rebalance")
         nodes, record = self.meta.placement()
         if node not in nodes:
             raise not_found(f"node {node!r} is not in the cluster; nodes: {', '.join(sorted(nodes))}")
@@ -214,3 +217,20 @@ class ReplicaSet:
         self.meta_command(SetNode(node, "leaving", now))
         held = sum(node in r for r in record.values())
         return f"node {node} is leaving: its {held} replica(s) move to other nodes, then it leaves the cluster"
+
+    def _move(self, g: int, node: str, to: str) -> str:
+        """Record that ``to`` takes ``node``'s replica of group ``g`` (the controller moves it)."""
+        nodes, record = self.meta.placement()
+        if g not in record:
+            raise invalid(f"group {g}: this cluster's data groups are {min(record)}..{max(record)}")
+        reps = record[g]
+        if node not in reps:
+            raise invalid(f"group {g}: {node!r} holds no replica of it (its replicas: {', '.join(reps)})")
+        if to in reps:
+            raise invalid(f"group {g}: {to} holds a replica of it already")
+        if nodes.get(to, {}).get("state") != "active":
+            raise invalid(f"node {to!r} is not an active node of the cluster; nodes: "
+                          + ", ".join(a for a, r in sorted(nodes.items()) if r.get("state") == "active"))
+        want = [to if a == node else a for a in reps]
+        self.meta_command(SetReplicas(g, tuple(want), tuple(reps)))
+        return f"group {g}: {to} takes {node}'s replica (replicas {', '.join(want)})"

@@ -30,9 +30,15 @@ from ..log.queue_log import QueueLog
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
 
-__all__ = ["DataState", "apply_position", "queue_dir", "parse_queue_dir"]
+__all__ = ["CatchUpFailed", "DataState", "apply_position", "queue_dir", "parse_queue_dir"]
 
 log = logging.getLogger(__name__)
+
+
+class CatchUpFailed(RuntimeError):
+    """A snapshot could not be installed yet: no peer served the batches it lacks
+    (cut off, down). The leader sends the snapshot again; nothing is lost."""
+    retry_later = True
 MAX_PRODUCERS_PER_QUEUE = 1000
 REMEMBERED_BATCHES = 8
 
@@ -201,6 +207,8 @@ class DataState:
         return json.dumps(self.manifest()).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
+        """Install a snapshot; CatchUpFailed if no peer could serve the batches it lacks
+        (what was fetched stays: a later install goes on from there)."""
         self.install(json.loads(data), self.fetch_range, index)
 
     def install(self, manifest: dict, fetch_range: FetchRange | None, index: int) -> None:
@@ -221,7 +229,7 @@ class DataState:
                 while q.next_offset < nxt:
                     frames = fetch_range(name, q.next_offset, nxt)
                     if not frames:
-                        raise RuntimeError(f"queue {name}: peers returned nothing at {q.next_offset}")
+                        raise CatchUpFailed(f"queue {name}: no peer could serve it from {q.next_offset}")
                     q.append_frames(frames)
                 q.sync()
             if earliest > q.earliest:
