@@ -142,6 +142,14 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
         out = rmq(c, "cluster", "rebalance", "--wait", timeout=240).stdout
         assert "rebalance: done" in out, out
         st = settled(client)
+        # 6 groups x 3 replicas on 3 nodes is 6 per node; on 5 nodes the cluster grows to
+        # 10 groups (still 6 per node), and new queues go to the new groups
+        assert sorted(st["placement"]) == list(range(1, 11)), st["placement"]
+        new = client.create_topic("elastic-new", queues=4)
+        assert sorted(new["queue_groups"]) == [7, 8, 9, 10], new["queue_groups"]
+        for q in range(4):
+            client.produce("elastic-new", [f"n{q}".encode()], queue=q)
+            assert [r.value for r in client.fetch("elastic-new", q, 0).records] == [f"n{q}".encode()]
         replicas, leaders = per_node(st)
         assert set(replicas) == set(c.addresses), replicas
         assert max(replicas.values()) - min(replicas.values()) <= 1, replicas

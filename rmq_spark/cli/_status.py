@@ -97,7 +97,7 @@ def cluster_view(st: dict) -> dict:
             view["replicas"] = list(placement[g])
         elif g == META_GROUP:
             view["replicas"] = [n["address"] for n in nodes]      # every node holds one
-    return {"data_groups": st["groups"], "metadata_group": META_GROUP, "nodes": nodes,
+    return {"data_groups": max(len(placement), st["groups"]), "metadata_group": META_GROUP, "nodes": nodes,
             "groups": [groups[g] for g in sorted(groups)], "controller": st.get("controller", "")}
 
 

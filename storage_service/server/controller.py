@@ -30,9 +30,11 @@ up). What is planned:
   than ``repair_after`` move to the live active node with the fewest
   replicas (ties: fewest leaders, then address);
 * a group with fewer than RF replicas gets one more;
-* after ``rmq cluster rebalance``: one replica from the node with the most
-  to the one with the fewest while they differ by more than one, then the
-  same with leaderships (``TransferLeader``);
+* after ``rmq cluster rebalance``: new data groups while the cluster holds
+  fewer replicas per node than at its first start (``plan_growth``; new
+  queues go to them, the groups holding fewest), then one replica from the
+  node with the most to the one with the fewest while they differ by more
+  than one, then the same with leaderships (``TransferLeader``);
 * a leaving node that holds nothing more is taken out of the metadata
   group and recorded ``removed``.
 
@@ -41,6 +43,7 @@ At most ``max_moves`` groups are in flight at once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -52,7 +55,7 @@ from ..protocol.placement import META_GROUP, raft_address
 from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
 from .errors import NotLeader, ServiceError
 
-__all__ = ["Controller", "ClusterView", "plan_move", "plan_rebalance"]
+__all__ = ["Controller", "ClusterView", "plan_growth", "plan_move", "plan_rebalance"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,24 @@ def plan_move(view: ClusterView, g: int, rf: int) -> list[str] | None:
         target = best(reps)
         return reps + [target] if target else None
     return None
+
+
+def plan_growth(view: ClusterView, density: float, rf: int) -> tuple[int, list[str]] | None:
+    """(number, replicas) of a data group to add, or None: the cluster keeps the
+    replicas per node it started with (``density``), so as nodes join, groups are
+    added (new queues go to them: they hold the fewest). A new group's replicas are
+    the least loaded nodes, the one leading fewest first (its preferred leader)."""
+    usable = view.usable()
+    if not density or not usable:
+        return None
+    rf = min(rf, len(usable))
+    want = math.ceil(density * len(usable) / rf - 1e-9)
+    if len(view.record) >= want:
+        return None
+    replicas, leaders = view.load()
+    reps = sorted(usable, key=lambda a: (replicas[a], leaders[a], a))[:rf]
+    reps.sort(key=lambda a: (leaders[a], replicas[a], a))
+    return max(view.record, default=0) + 1, reps
 
 
 def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
@@ -267,6 +288,12 @@ class Controller:
         meta = self.node.meta
         if meta.rebalance <= meta.rebalanced:
             return False
+        grow = plan_growth(view, meta.density, self.rf)
+        if grow is not None:
+            g, reps = grow
+            self.node.meta_command(SetReplicas(g, tuple(reps), ()))
+            log.info("controller: new data group %d on %s", g, reps)
+            return True
         step = plan_rebalance(view)
         if step is None:
             return self._rebalanced(meta.rebalance)

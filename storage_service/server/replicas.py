@@ -101,6 +101,14 @@ class ReplicaSet:
             self.meta_command(SetPlacement(tuple(self.config.addresses), self.layout, init=True))
 
     def _join_group(self, g: int, others: list[str]) -> None:
+        founding = self.meta.founding_replicas(g)
+        if self.config.address in founding and not os.path.isdir(
+                os.path.join(self.config.data_dir, f"group-{g}")):
+            # A group added as the cluster grew: its founding replicas start it
+            # together, from its first configuration (index 0).
+            log.info("founding group %d with %s", g, founding)
+            self.raft_loop.call(lambda: self._open_group(g, founding, 0))
+            return
         info, _ = ask_group(self.stub, others, "GroupInfo", rmq_pb2.GroupInfoRequest(group=g))
         log.info("opening a replica of group %d: voters %s as of index %d", g, list(info.replicas),
                  info.commit_index)

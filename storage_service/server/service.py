@@ -26,7 +26,8 @@ from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
 from .guard import _decoder, _guard
-from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_group, check_queue,
+from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_data_group, check_group,
+                       check_queue,
                        check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
 
 __all__ = ["MessageLogService", "Servers", "serve"]
@@ -254,8 +255,7 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
         check_topic_name(request.topic)
         cfg = self.node.topic(request.topic)
         if request.group:
-            if not 1 <= request.group <= self.node.config.groups:
-                raise invalid(f"group {request.group}: valid data groups are 1..{self.node.config.groups}")
+            check_data_group(self.node, request.group)
             self.node.require_read_leader(request.group)
         resp = rmq_pb2.OffsetsResponse()
         groups = [request.group] if request.group else sorted(
@@ -348,6 +348,8 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ClusterStatus(self, request, context):
         self.node.check_member()
+        # groups: the founding count (clients place pre-wave-2 topics by its hash);
+        # groups added since are in the placement.
         resp = rmq_pb2.ClusterStatusResponse(groups=self.node.config.groups)
         nodes, replicas = self.node.meta.placement()
         for g in sorted(replicas):

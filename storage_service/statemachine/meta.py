@@ -71,6 +71,10 @@ class MetaState:
         self.replicas: dict[int, list[str]] = {}
         self.rebalance = 0      # raft index of the last rebalance asked for (0: none)
         self.rebalanced = 0     # ... and of the last one the controller finished
+        # Data groups added as the cluster grew -> their founding replicas (the
+        # configuration at index 0 of the group's log, raft/membership.py).
+        self.founding: dict[int, list[str]] = {}
+        self.density = 0.0      # data replicas per node at the cluster's first start
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, raw: tuple):
@@ -96,7 +100,7 @@ class MetaState:
         full["incarnation"] = uuid.uuid5(uuid.NAMESPACE_OID, f"{name}@{raft_index}").hex[:12]
         full["created_ms"] = created_ms
         if self.groups:
-            full["queue_groups"] = assign_groups(self._queues_per_group(), self.groups, full["queues"])
+            full["queue_groups"] = assign_groups(self._queues_per_group(), self.data_groups(), full["queues"])
         self.topics[name] = full
         return ("ok", full)
 
@@ -122,7 +126,7 @@ class MetaState:
         if want is not None and cfg.get("queue_groups"):
             # New queues of a topic with recorded placement go to the least loaded groups.
             cfg["queue_groups"] = cfg["queue_groups"] + assign_groups(
-                self._queues_per_group(), self.groups or max(cfg["queue_groups"]), want - have)
+                self._queues_per_group(), self.data_groups() or max(cfg["queue_groups"]), want - have)
         if cfg["cleanup_policy"] == "compact" and "tier" in changes:
             # Wave 1 kept a compact topic's table in tier: an alter of it (replayed
             # from an old journal) sets the table, last one wins, as in a snapshot.
@@ -199,7 +203,13 @@ class MetaState:
         for address in cmd.nodes:
             self._node_record(address)
         self.replicas = {int(g): list(r) for g, r in cmd.replicas.items()}
+        if cmd.nodes:
+            self.density = sum(len(r) for r in self.replicas.values()) / len(cmd.nodes)
         return ("ok", True)
+
+    def data_groups(self) -> int:
+        """How many data groups there are (1..N): recorded, else the founding count."""
+        return max(self.replicas, default=0) or self.groups
 
     def _node_record(self, address: str) -> dict:
         rec = self.nodes.get(address)
@@ -218,6 +228,8 @@ class MetaState:
         if len(set(cmd.replicas)) != len(cmd.replicas) or not cmd.replicas:
             return ("error", "INVALID_ARGUMENT", f"group {cmd.group}: replicas {list(cmd.replicas)} must be "
                                                  "distinct nodes, at least one")
+        if cur is None:                   # a new group: its replicas found it
+            self.founding[cmd.group] = list(cmd.replicas)
         self.replicas[cmd.group] = list(cmd.replicas)
         return ("ok", list(cmd.replicas))
 
@@ -287,6 +299,11 @@ class MetaState:
         with self.lock:
             return self.nodes.get(address, {}).get("state", "")
 
+    def founding_replicas(self, group: int) -> list[str]:
+        """The replicas a data group added as the cluster grew started with ([] otherwise)."""
+        with self.lock:
+            return list(self.founding.get(group, ()))
+
     def replicas_of(self, group: int) -> list[str]:
         with self.lock:
             return list(self.replicas.get(group, ()))
@@ -304,7 +321,9 @@ class MetaState:
                                "watermarks": self.watermarks, "deleted": self.deleted,
                                "leases": self.leases, "nodes": self.nodes,
                                "replicas": {str(g): r for g, r in self.replicas.items()},
-                               "rebalance": self.rebalance, "rebalanced": self.rebalanced}).encode()
+                               "rebalance": self.rebalance, "rebalanced": self.rebalanced,
+                               "founding": {str(g): r for g, r in self.founding.items()},
+                               "density": self.density}).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
@@ -318,6 +337,8 @@ class MetaState:
             self.replicas = {int(g): r for g, r in d.get("replicas", {}).items()}
             self.rebalance = d.get("rebalance", 0)
             self.rebalanced = d.get("rebalanced", 0)
+            self.founding = {int(g): r for g, r in d.get("founding", {}).items()}
+            self.density = d.get("density", 0.0)
 
     def close(self) -> None:
         pass

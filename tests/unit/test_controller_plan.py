@@ -90,3 +90,19 @@ def test_no_move_when_no_node_can_take_the_replica():
     record = initial_replicas(nodes, 3, 3)
     view = _view(nodes, record, states={"n0": "leaving"})
     assert all(plan_move(view, g, 3) is None for g in record)     # every other node holds it already
+
+
+def test_groups_are_added_as_nodes_join_to_keep_the_replicas_per_node():
+    from storage_service.server.controller import plan_growth
+    nodes = ["n0", "n1", "n2"]
+    record = initial_replicas(nodes, 6, 3)
+    assert plan_growth(_view(nodes, record), density=6.0, rf=3) is None           # as it started
+    view = _view(nodes + ["n3", "n4"], record)
+    g, reps = plan_growth(view, density=6.0, rf=3)
+    assert g == 7 and len(set(reps)) == 3 and {"n3", "n4"} <= set(reps)          # the emptiest nodes
+    assert reps[0] in ("n3", "n4")                                                # leads nothing yet
+    grown = dict(record)
+    while (step := plan_growth(_view(nodes + ["n3", "n4"], grown), 6.0, 3)) is not None:
+        grown[step[0]] = step[1]
+    assert sorted(grown) == list(range(1, 11))                                    # 6 x 5 / 3
+    assert plan_growth(_view(nodes, record), density=0.0, rf=3) is None           # a record from before
