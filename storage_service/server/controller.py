@@ -88,6 +88,14 @@ class ClusterView:
         """Nodes new replicas may go to: active, answering."""
         return sorted(a for a, rec in self.nodes.items() if rec.get("state") == "active" and a in self.status)
 
+    def node_bytes(self) -> dict:
+        """Segment bytes each usable node reports for the data groups it holds."""
+        out = dict.fromkeys(self.usable(), 0)
+        for a, st in self.status.items():
+            if a in out and st is not None:
+                out[a] = sum(gs.bytes for gs in st.groups if gs.group != META_GROUP)
+        return out
+
     def load(self) -> tuple[dict, dict]:
         """(replicas, leaders) per usable node, from the record and the reports."""
         replicas = {a: 0 for a in self.usable()}
@@ -107,10 +115,12 @@ def plan_move(view: ClusterView, g: int, rf: int) -> list[str] | None:
     reps = list(view.record[g])
     usable = view.usable()
     replicas, leaders = view.load()
+    size = view.node_bytes()
 
     def best(excluded) -> str | None:
+        # fewest replicas; then fewest bytes (a move costs data, a leadership does not)
         free = [a for a in usable if a not in excluded]
-        return min(free, key=lambda a: (replicas[a], leaders[a], a)) if free else None
+        return min(free, key=lambda a: (replicas[a], size[a], leaders[a], a)) if free else None
 
     bad = [a for a in reps if view.nodes.get(a, {}).get("state") != "active" or a in view.down]
     if bad:
@@ -148,8 +158,9 @@ def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
     least two fewer (the fullest and emptiest first); then ("leader", g, node)
     moves one leadership the same way."""
     replicas, leaders = view.load()
-    for donor in sorted(replicas, key=lambda a: (-replicas[a], a)):
-        for taker in sorted(replicas, key=lambda a: (replicas[a], a)):
+    size = view.node_bytes()
+    for donor in sorted(replicas, key=lambda a: (-replicas[a], -size[a], a)):
+        for taker in sorted(replicas, key=lambda a: (replicas[a], size[a], a)):
             if replicas[donor] - replicas[taker] <= 1:
                 break
             for g in sorted(view.record):
