@@ -224,21 +224,6 @@ def test_leadership_moves_to_a_chosen_voter(net):
     _create(nodes, "t2")
 
 
-def test_leadership_moves_to_a_replica_added_later(net):
-    addrs, nodes, start, stop = net
-    a, b, c, d, e = addrs
-    for i in range(3):
-        start(i, addrs[:3])
-    _create(nodes, "t1")
-    start(3)
-    assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
-    _create(nodes, "t2")
-    leader = _leader(nodes)
-    assert leader.transfer_to(d, timeout=5)
-    assert _leader(nodes).selfNode.address == d
-    _create(nodes, "t3")
-
-
 def test_leadership_moves_to_a_replica_added_after_a_leader_change(net):
     addrs, nodes, start, stop = net
     a, b, c, d, e = addrs
