@@ -12,9 +12,10 @@ and the bytes the controller moved (its moves, then a rebalance) against
 the least that reaching the same placement must move: for the joins, the
 data that ends on the new nodes (a ratio of 1 means nothing moved twice or
 between old nodes); for the decommission and the failure, the data the node
-held. The controller evens replica counts, then leaders; bytes only break
-ties (which node takes a replica, which gives one), so data per node evens
-out only as far as group sizes allow. Moves complete at
+held. The controller evens replica counts, then leaders, then data (it
+swaps a bigger group's replica on the fullest node with a smaller one's on
+the emptiest while that closes a tenth of the mean or more): those swaps
+are what it moves beyond the least. Moves complete at
 once here; the real controller runs at most 2 at a time::
 
     .venv/bin/python bench/placement_sim.py [--nodes 90 --join 10 --groups 10000]
@@ -31,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from storage_service.protocol.placement import initial_replicas  # noqa: E402
-from storage_service.server.controller import ClusterView, plan_move, plan_rebalance  # noqa: E402
+from storage_service.server.controller import ClusterView, plan_move, plan_rebalance, plan_swap  # noqa: E402
 
 GiB = 1 << 30
 
@@ -134,7 +135,14 @@ def run(nodes: int = 90, join: int = 10, groups: int = 10_000, rf: int = 3, seed
             if step is None:
                 step = plan_rebalance(view)
             if step is None:
-                return moves, moved
+                swap = plan_swap(view, size)
+                if swap is None:
+                    return moves, moved
+                for g, want in swap:
+                    added = view.move(g, want)
+                    moves += len(added)
+                    moved += size[g] * len(added)
+                continue
             kind, g, target = step
             if kind == "replicas":
                 added = view.move(g, target)

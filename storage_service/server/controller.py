@@ -34,7 +34,9 @@ up). What is planned:
   fewer replicas per node than at its first start (``plan_growth``; new
   queues go to them, the groups holding fewest), then one replica from the
   node with the most to the one with the fewest while they differ by more
-  than one, then the same with leaderships (``TransferLeader``);
+  than one, then the same with leaderships (``TransferLeader``), then data:
+  a bigger group's replica from the node holding the most bytes to the one
+  holding the fewest and a smaller one's back (``plan_swap``);
 * a leaving node that holds nothing more is taken out of the metadata
   group and recorded ``removed``.
 
@@ -55,7 +57,7 @@ from ..protocol.placement import META_GROUP, raft_address
 from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
 from .errors import NotLeader, ServiceError
 
-__all__ = ["Controller", "ClusterView", "plan_growth", "plan_move", "plan_rebalance"]
+__all__ = ["Controller", "ClusterView", "group_bytes", "plan_growth", "plan_move", "plan_rebalance", "plan_swap"]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +178,51 @@ def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
                 if led[g] == donor and taker in view.record[g]:
                     return "leader", g, taker
     return None
+
+
+def group_bytes(view: ClusterView) -> dict[int, int]:
+    """Each data group's segment bytes, the most any of its replicas reports."""
+    out: dict[int, int] = {}
+    for st in view.status.values():
+        if st is None:
+            continue
+        for gs in st.groups:
+            if gs.group != META_GROUP:
+                out[gs.group] = max(out.get(gs.group, 0), gs.bytes)
+    return out
+
+
+def plan_swap(view: ClusterView, sizes: dict[int, int], spread: float = 0.1) -> list | None:
+    """Two moves that even out data between the node holding the most bytes and the
+    one holding the fewest without changing how many replicas either holds: a
+    bigger group's replica from the heavy node to the light one and a smaller
+    one's back ([(group, replicas), (group, replicas)]), or None. Only while the
+    two differ by more than ``spread`` of the mean, and with a pair that closes
+    a tenth of their gap or more, the one that brings them closest to even;
+    each swap lowers the spread, so a rebalance ends."""
+    weight = view.node_bytes()
+    usable = [a for a in weight]
+    if len(usable) < 2:
+        return None
+    mean = sum(weight.values()) / len(usable)
+    heavy = max(usable, key=lambda a: (weight[a], a))
+    light = min(usable, key=lambda a: (weight[a], a))
+    gap = weight[heavy] - weight[light]
+    if mean <= 0 or gap <= spread * mean:
+        return None
+    give = [g for g, r in view.record.items() if heavy in r and light not in r]
+    take = [g for g, r in view.record.items() if light in r and heavy not in r]
+    best = None
+    for g1 in give:
+        for g2 in take:
+            d = sizes.get(g1, 0) - sizes.get(g2, 0)
+            if gap / 20 <= d < gap and (best is None or abs(gap / 2 - d) < abs(gap / 2 - best[0])):
+                best = (d, g1, g2)
+    if best is None:
+        return None
+    _, g1, g2 = best
+    swap = lambda g, a, b: [b if x == a else x for x in view.record[g]]     # noqa: E731
+    return [(g1, swap(g1, heavy, light)), (g2, swap(g2, light, heavy))]
 
 
 class Controller:
@@ -307,7 +354,12 @@ class Controller:
             return True
         step = plan_rebalance(view)
         if step is None:
-            return self._rebalanced(meta.rebalance)
+            swap = plan_swap(view, group_bytes(view))
+            if swap is None:
+                return self._rebalanced(meta.rebalance)
+            for g, want in swap:           # both at once: counts never drift in between
+                self._set(g, want, view.record[g])
+            return True
         kind, g, target = step
         if kind == "replicas":
             return self._set(g, target, view.record[g])

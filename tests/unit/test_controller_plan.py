@@ -106,3 +106,33 @@ def test_groups_are_added_as_nodes_join_to_keep_the_replicas_per_node():
         grown[step[0]] = step[1]
     assert sorted(grown) == list(range(1, 11))                                    # 6 x 5 / 3
     assert plan_growth(_view(nodes, record), density=0.0, rf=3) is None           # a record from before
+
+
+def test_a_swap_evens_data_without_changing_replica_counts():
+    from storage_service.server.controller import plan_swap
+    nodes = ["n0", "n1", "n2", "n3"]
+    record = initial_replicas(nodes, 8, 3)
+    sizes = {g: (40 if g in (1, 5) else 1) << 30 for g in record}     # two big groups
+    view = _view(nodes, record)
+    for a in nodes:                                                   # bytes as the nodes report them
+        for gs in view.status[a].groups:
+            gs.bytes = sizes[gs.group]
+    swap = plan_swap(view, sizes)
+    assert swap is not None and len(swap) == 2
+    weight = view.node_bytes()
+    after = dict(record)
+    for g, want in swap:
+        after[g] = want
+    per = collections.Counter(a for r in after.values() for a in r)
+    assert per == collections.Counter(a for r in record.values() for a in r)     # counts unchanged
+    new = collections.Counter()
+    for g, r in after.items():
+        for a in r:
+            new[a] += sizes[g]
+    assert max(new.values()) - min(new.values()) < max(weight.values()) - min(weight.values())
+    even = {g: 1 << 30 for g in record}
+    flat = _view(nodes, record)
+    for a in nodes:
+        for gs in flat.status[a].groups:
+            gs.bytes = even[gs.group]
+    assert plan_swap(flat, even) is None                              # already even: nothing to do
