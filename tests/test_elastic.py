@@ -177,6 +177,29 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
         c.stop()
 
 
+def test_admin_calls_refuse_what_the_record_does_not_say(five):
+    """Cluster-admin RPCs change nothing the placement record does not ask for: a
+    voter added or removed outside it, a join by a node that is not listening."""
+    from storage_service.proto import rmq_pb2
+    c = Client(five.endpoints)
+    try:
+        st = c.cluster_status()
+        g, reps = next(iter(st["placement"].items()))
+        outsider = next(a for a in five.addresses if a not in reps)
+        with pytest.raises(Exception, match="does not name"):
+            c.call("ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=g, add=outsider), group=g)
+        with pytest.raises(Exception, match="still names"):
+            c.call("ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=g, remove=reps[-1]), group=g)
+        with pytest.raises(Exception, match="not in the cluster"):
+            c.call("ChangeReplicas", rmq_pb2.ChangeReplicasRequest(group=0, add="127.0.0.1:9"), group=0)
+        with pytest.raises(Exception, match="does not answer"):
+            c.call("JoinCluster", rmq_pb2.JoinClusterRequest(address="127.0.0.1:9"), group=0)
+        after = c.cluster_status()
+        assert after["placement"] == st["placement"] and after["members"] == st["members"]
+    finally:
+        c.close()
+
+
 def test_cluster_commands_refuse_bad_input(five):
     bad = rmq(five, "cluster", "decommission", "10.9.9.9:1", check=False)
     assert bad.returncode != 0 and "is not in the cluster" in bad.stderr, bad.stderr

@@ -6,6 +6,7 @@ and by ``rmq cluster`` (``ClusterCommand``)."""
 from __future__ import annotations
 
 from ..proto import rmq_pb2
+from .errors import invalid
 from .guard import _guard
 from .validate import check_data_group, check_node_address
 
@@ -22,12 +23,16 @@ class ClusterAdmin:
     @_guard
     def ChangeReplicas(self, request, context):
         check_data_group(self.node, request.group, meta_ok=True)
+        if bool(request.add) == bool(request.remove):
+            raise invalid("give one of add or remove (a node's address), not both")
+        check_node_address(request.add or request.remove)
         return rmq_pb2.ChangeReplicasResponse(
             replicas=self.node.change_replicas(request.group, request.add, request.remove))
 
     @_guard
     def TransferLeader(self, request, context):
         check_data_group(self.node, request.group, meta_ok=True)
+        check_node_address(request.to)
         return rmq_pb2.TransferLeaderResponse(leader=self.node.transfer_leader(request.group, request.to))
 
     @_guard

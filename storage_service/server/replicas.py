@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 
@@ -163,6 +164,7 @@ class ReplicaSet:
         target = raft_address(add or remove)
         if (add and target in raft.members) or (remove and target not in raft.members):
             return [grpc_address(m) for m in raft.members]          # done already
+        self._check_change_recorded(g, add, remove)
         if remove == self.config.address:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"group {g}: {remove} leads it; transfer the leadership before removing it")
@@ -177,6 +179,24 @@ class ReplicaSet:
                                "not committed yet, or the leader is new; retry")
         log.info("group %d: %s %s", g, "added" if add else "removed", add or remove)
         return [grpc_address(m) for m in raft.members]
+
+    def _check_change_recorded(self, g: int, add: str, remove: str) -> None:
+        """A voter change must follow the record (what the controller asks): a data
+        group's new voter is one of its recorded replicas and a removed one is not;
+        the metadata group takes active nodes (a join) and lets removed ones go."""
+        who = add or remove
+        if g == META_GROUP:
+            state = self.meta.node_state(who)
+            ok = state == "active" if add else state in ("removed", "")
+            why = f"node {who} is {state or 'not in the cluster'}"
+        else:
+            named = who in self.meta.replicas_of(g)
+            ok = named if add else not named
+            why = f"the placement record {'does not name' if add else 'still names'} {who} for group {g}"
+        if not ok:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"group {g}: {'adding' if add else 'removing'} {who} refused: {why} "
+                               "(replicas move through rmq cluster move / rebalance / decommission)")
 
     def transfer_leader(self, g: int, to: str) -> str:
         raft = self.require_leader(g)
@@ -193,6 +213,14 @@ class ReplicaSet:
         recorded, then made a voter of the metadata group. Its voters as of the commit
         index (the new node starts its metadata replica from them)."""
         raft = self.require_leader(META_GROUP)
+        host, port = address.rsplit(":", 1)
+        try:                             # a joining node listens on its raft port before it asks
+            socket.create_connection((host, int(port) + 1), timeout=2).close()
+        except OSError as e:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"node {address} cannot join: its raft port {host}:{int(port) + 1} does not "
+                               f"answer ({e.strerror or e}); start it with rmq-storage node --listen "
+                               f"{address} --join ...") from None
         self.record_initial_placement()
         self.meta_command(SetNode(address, "active", int(time.time() * 1000)))
         self.change_replicas(META_GROUP, add=address)
