@@ -206,8 +206,9 @@ class StorageNode(ReplicaSet, Upkeep):
 
     def check_queue_budget(self, topic: str, adding: int) -> None:
         """RESOURCE_EXHAUSTED, changing nothing, if ``adding`` queues would take the
-        cluster past ``max_queues``. Every node holds a replica of every queue, so
-        the limit is what one node's memory and files take (README: many queues)."""
+        cluster past ``max_queues``. On three nodes every node holds a replica of
+        every queue, so the limit is what one node's memory and files take (README:
+        many queues); on more nodes a node holds about RF/N of them."""
         have = self.meta.total_queues()
         if have + adding > self.config.max_queues:
             raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
