@@ -346,6 +346,8 @@ class Controller:
         meta = self.node.meta
         if meta.rebalance <= meta.rebalanced:
             return False
+        if any(view.group_report(g)[0] is None for g in view.record):
+            return True                  # a group without a leader yet (a new one): count it once it has one
         grow = plan_growth(view, meta.density, self.rf)
         if grow is not None:
             g, reps = grow
