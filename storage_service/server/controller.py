@@ -301,8 +301,7 @@ class Controller:
             log.info("controller: group %d not moved: %s", g, e.message)
             return False
         log.info("controller: group %d: replicas %s -> %s", g, was, want)
-        view_nodes = set(was) ^ set(want)
-        return bool(view_nodes)
+        return set(was) != set(want)
 
     def _ask(self, leader: str, method: str, request):
         return getattr(self.node.stub(leader), method)(request, timeout=self.node.config.commit_timeout + 2)
