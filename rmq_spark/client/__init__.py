@@ -2,10 +2,10 @@
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record
 from .client import Client, parse_endpoints
 from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition, InternalError,
-                     InvalidArgument, NotFound, NotLeader, OutOfRange, ResourceExhausted,
+                     InvalidArgument, NotFound, NotLeader, OutOfRange, Overloaded, ResourceExhausted,
                      RmqError, Unavailable)
 
 __all__ = ["Client", "parse_endpoints", "Message", "Record", "ProduceResult", "FetchResult",
            "QueueOffsets", "RmqError", "InvalidArgument", "NotFound", "AlreadyExists",
-           "OutOfRange", "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",
+           "OutOfRange", "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError"]

@@ -438,7 +438,7 @@ class Client:
         nodes = []
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
-                              open_files=n.open_files,
+                              open_files=n.open_files, parked_fetches=n.parked_fetches,
                               groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
                                            applied_index=g.applied_index, term=g.term,
                                            raft_log_entries=g.raft_log_entries, queues=g.queues,

@@ -12,10 +12,10 @@ import re
 
 import grpc
 
-from storage_service.protocol.errors import LEADER_METADATA_KEY, status_code
+from storage_service.protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, status_code
 
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
-           "ResourceExhausted", "FailedPrecondition", "Unavailable", "NotLeader",
+           "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError", "from_status", "from_rpc_error"]
 
 
@@ -53,6 +53,13 @@ class OutOfRange(RmqError, IndexError):
 
 class ResourceExhausted(RmqError):
     pass
+
+
+class Overloaded(ResourceExhausted):
+    """A node at its limit of requests in progress or of waiting fetches: a moment's
+    load, not a limit of the request, so it is retried (after ``retry_after_ms``)."""
+    retriable = True
+    retry_after_ms = 50
 
 
 class FailedPrecondition(RmqError):
@@ -93,7 +100,7 @@ _BY_CODE = {
 
 
 def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | None = None,
-                address: str = "") -> RmqError:
+                address: str = "", retry_after: str | None = None) -> RmqError:
     """The exception for a status; ``address`` (the node that answered) is named in it.
     UNAVAILABLE with a leader hint, or saying "not leader", is ``NotLeader``."""
     if isinstance(code, int):
@@ -101,6 +108,8 @@ def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | 
     message = details + (f" [{address}]" if address else "")
     if code == grpc.StatusCode.UNAVAILABLE and (leader or "not leader" in details):
         return NotLeader(message, code, leader or None)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after:
+        return Overloaded(message, code)
     return _BY_CODE.get(code, RmqError)(message, code)
 
 
@@ -108,11 +117,13 @@ def from_rpc_error(e: grpc.RpcError, address: str = "") -> RmqError:
     """``from_status`` of a failed call: its code, details and leader metadata."""
     code = e.code() if hasattr(e, "code") else None
     details = (e.details() if hasattr(e, "details") else None) or str(e)
-    leader = None
+    leader = retry_after = None
     try:
         for k, v in e.trailing_metadata() or ():
             if k == LEADER_METADATA_KEY:
                 leader = v
+            elif k == RETRY_AFTER_METADATA_KEY:
+                retry_after = v
     except Exception:       # a call that failed before any metadata arrived
         pass
-    return from_status(code, details, leader, address)
+    return from_status(code, details, leader, address, retry_after)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["LEADER_METADATA_KEY", "StorageError", "status_code"]
+__all__ = ["LEADER_METADATA_KEY", "RETRY_AFTER_METADATA_KEY", "StorageError", "status_code"]
 
 # Trailing metadata of a NOT-leader answer: the gRPC address of the leader to retry at.
 LEADER_METADATA_KEY = "rmq-leader"
+# Trailing metadata of a RESOURCE_EXHAUSTED answer that is a node's momentary load, not
+# a limit of the request: milliseconds to wait before retrying (the client retries).
+RETRY_AFTER_METADATA_KEY = "rmq-retry-after-ms"
 
 _BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 

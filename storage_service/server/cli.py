@@ -41,6 +41,11 @@ def _parse(argv):
     n.add_argument("--repair-after", type=float, default=300.0,
                    help="seconds a node may be down before its replicas are re-created on other nodes "
                         "(default 300)")
+    n.add_argument("--max-requests", type=int, default=512,
+                   help="requests a node runs or queues at once; past it new ones get RESOURCE_EXHAUSTED "
+                        "(the client backs off and retries); default 512")
+    n.add_argument("--max-parked-fetches", type=int, default=20_000,
+                   help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -108,6 +113,7 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   retention_interval=args.retention_interval,
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,
                                   replication=args.replication_factor, repair_after=args.repair_after,
+                                  max_requests=args.max_requests, max_parked_fetches=args.max_parked_fetches,
                                   join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 

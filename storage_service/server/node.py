@@ -70,6 +70,8 @@ class NodeConfig:
     max_queues: int = 200_000           # queues in the cluster
     replication: int = 3                # replicas of each data group (at most one per node)
     repair_after: float = 300.0         # a node down this long has its replicas re-created elsewhere
+    max_requests: int = 512             # handlers running or queued (server/dispatch.py)
+    max_parked_fetches: int = 20_000    # long-polling fetches waiting for data, holding no thread
     join: tuple[str, ...] = ()          # a new node: nodes of the running cluster to join through
     timing: RaftTiming = field(default_factory=RaftTiming)
 
@@ -288,11 +290,12 @@ class StorageNode(ReplicaSet, Upkeep):
                                rmq_pb2.OffsetsRequest(topic=name, group=g))
         return {o.queue: (o.earliest, o.latest, o.size_bytes) for o in resp.queues}, addr
 
-    def wait_for_data(self, cfg: dict, queue: int, offset: int, timeout: float):
-        """The queue's log once it holds a record at ``offset``, or after ``timeout`` s."""
+    def park_fetch(self, cfg: dict, queue: int, offset: int, wake):
+        """Have ``wake()`` called once the queue holds a record at ``offset`` (or goes
+        away); a cancel function, or None when it holds one already (``DataState.park``)."""
         g = self.group_of(cfg["name"], queue, cfg)
         self.hosted(g)
-        return self.states[g].wait_for_queue(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, timeout)
+        return self.states[g].park(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, wake)
 
     def meta_command(self, cmd: MetaCommand):
         """Commit a metadata command through this node (the metadata leader); its value."""
@@ -413,7 +416,8 @@ class StorageNode(ReplicaSet, Upkeep):
     def local_status(self) -> rmq_pb2.NodeStatus:
         me = self.meta.placement()[0].get(self.config.address, {})
         st = rmq_pb2.NodeStatus(address=self.config.address, node_id=me.get("id", self.config.node_id),
-                                pid=os.getpid(), reachable=True, open_files=self.files.count)
+                                pid=os.getpid(), reachable=True, open_files=self.files.count,
+                                parked_fetches=sum(st.parked_count() for st in list(self.states.values())))
         for g, raft in sorted(self.groups.items()):
             queues = list(self.states[g].queues.values()) if g in self.states else []
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,

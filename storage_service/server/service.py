@@ -6,6 +6,7 @@ becomes INTERNAL. No request can take the node down.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import zlib
@@ -22,10 +23,11 @@ from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, Del
                                      SetWatermark)
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
 from .admin_rpc import ClusterAdmin
+from .dispatch import AsyncServer, Limits, Parked
 from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
-from .guard import _decoder, _guard
+from .guard import _guard
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_data_group, check_group,
                        check_queue,
                        check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
@@ -217,9 +219,11 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
             raise ServiceError(grpc.StatusCode.OUT_OF_RANGE,
                                f"offset {request.offset} is out of range for {cfg['name']}/{request.queue}: "
                                f"earliest={earliest} latest={latest}")
-        if request.offset == latest and request.wait_ms:
-            ql = self.node.wait_for_data(cfg, request.queue, request.offset,
-                                         min(request.wait_ms, MAX_WAIT_MS) / 1000)
+        if request.offset == latest and request.wait_ms and getattr(context, "may_park", False):
+            # Waits without a thread (dispatch.py); then this runs once more and reads.
+            return Parked(functools.partial(self.node.park_fetch, cfg, request.queue, request.offset),
+                          min(request.wait_ms, MAX_WAIT_MS) / 1000,
+                          functools.partial(self._nothing_new, ql, request.offset))
         batches = b""
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
         if (ql is not None and request.local_host and request.local_host == host_id()
@@ -237,6 +241,11 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
         batches = filter_batches(batches, wanted)
         # Encoded here, not through a FetchResponse object: see fetchwire.
         return encode_fetch_response(batches, nxt, earliest, latest, self.node.config.address)
+
+    def _nothing_new(self, ql, offset: int) -> bytes:
+        """The answer to a long poll whose wait ended with no record at ``offset``."""
+        earliest, latest = (ql.earliest, ql.next_offset) if ql is not None else (0, 0)
+        return encode_fetch_response(b"", offset, earliest, latest, self.node.config.address)
 
     @staticmethod
     def _cap_messages(batches: bytes | memoryview, offset: int, max_messages: int) -> bytes | memoryview:
@@ -391,32 +400,17 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
         return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=framing.next_offset(data, request.offset))
 
 
-SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"]
-
-
-def _method_handlers(servicer: MessageLogService) -> dict[str, grpc.RpcMethodHandler]:
-    """What ``add_MessageLogServicer_to_server`` registers, except that Fetch
-    returns its response already encoded (``fetchwire``) and gRPC sends those bytes."""
-    handlers = {}
-    for m in SERVICE.methods:
-        request, response = getattr(rmq_pb2, m.input_type.name), getattr(rmq_pb2, m.output_type.name)
-        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, m.name), request_deserializer=_decoder(request),
-            response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
-    return handlers
-
-
 class Servers:
     """A node's gRPC server and its produce port (``producewire``), stopped together."""
 
-    def __init__(self, grpc_server: grpc.Server, produce: ProduceWireServer | None):
+    def __init__(self, grpc_server: AsyncServer, produce: ProduceWireServer | None):
         self.grpc = grpc_server
         self.produce = produce
 
     def stop(self, grace: float = 1.0) -> None:
         if self.produce is not None:
             self.produce.stop()
-        self.grpc.stop(grace=grace).wait()
+        self.grpc.stop(grace=grace)
 
 
 def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> ProduceWireServer | None:
@@ -436,18 +430,10 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> Prod
         return None
 
 
-def serve(node: StorageNode, workers: int = 64) -> Servers:
-    from concurrent.futures import ThreadPoolExecutor
-    server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
-                         options=GRPC_OPTIONS)
-    servicer = MessageLogService(node)
-    handlers = _method_handlers(servicer)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
-    host, port = node.config.address.rsplit(":", 1)
-    server.add_insecure_port(f"{host}:{port}")
-    server.start()
+def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     c = node.config
+    limits = limits or Limits(max_requests=c.max_requests, max_parked=c.max_parked_fetches)
+    server = AsyncServer(MessageLogService(node), c.address, limits)
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
-    produce = _produce_server(servicer.produce_batches, produce_address(c.address), taken)
+    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken)
     return Servers(server, produce)

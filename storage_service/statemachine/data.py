@@ -77,7 +77,7 @@ class DataState:
         # qdir -> producer_id -> deque[(seq, base_offset, count, store_ts)]
         self.producers: dict[str, collections.OrderedDict] = {}
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)   # notified on every apply
+        self.parked: dict[str, list] = {}    # qdir -> [(offset, wake)]: fetches waiting for data
         os.makedirs(root, exist_ok=True)
         for name in sorted(os.listdir(root)):
             if "~" in name and os.path.isdir(os.path.join(root, name)):
@@ -113,20 +113,62 @@ class DataState:
             res = self._drop(cmd.queue_dir)
         elif cmd is not None:
             res = ("error", f"command {cmd.KIND!r} is not for a data group")
-        with self.cond:
-            self.cond.notify_all()
+        if self.parked:
+            self._wake_for(cmd)
         return res
 
-    def wait_for_queue(self, name: str, offset: int, timeout: float) -> QueueLog | None:
-        """The queue once it holds a record at ``offset`` or ``timeout`` passed (long-poll fetch)."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
+    def _wake_for(self, cmd) -> None:
+        if isinstance(cmd, Produce):
+            self._wake({item.queue_dir for item in cmd.items})
+        elif isinstance(cmd, (Truncate, Drop)):       # the waiters answer what is left (or an error)
+            self._wake([cmd.queue_dir], everyone=True)
+
+    def park(self, name: str, offset: int, wake: Callable[[], None]) -> Callable[[], None] | None:
+        """Call ``wake()`` (from the applying thread) once queue ``name`` holds a record
+        at ``offset``, or is truncated or dropped; a long-polling fetch waits so without
+        holding a thread (``server/dispatch.py``). Returns the cancel function, or None
+        when the record is there already (nothing registered)."""
+        entry = (offset, wake)
+        with self.lock:
+            q = self.queues.get(name)
+            if q is not None and q.next_offset > offset:
+                return None
+            self.parked.setdefault(name, []).append(entry)
+
+        def cancel() -> None:
+            with self.lock:
+                waiting = self.parked.get(name)
+                if waiting and entry in waiting:
+                    waiting.remove(entry)
+                    if not waiting:
+                        del self.parked[name]
+        return cancel
+
+    def parked_count(self) -> int:
+        with self.lock:
+            return sum(map(len, self.parked.values()))
+
+    def _wake(self, names, everyone: bool = False) -> None:
+        """Wake the fetches parked on queues an entry grew (``everyone``: shrank or dropped)."""
+        woken = []
+        with self.lock:
+            for name in names:
+                waiting = self.parked.get(name)
+                if not waiting:
+                    continue
                 q = self.queues.get(name)
-                left = deadline - time.monotonic()
-                if (q is not None and q.next_offset > offset) or left <= 0:
-                    return q
-                self.cond.wait(left)
+                end = q.next_offset if q is not None else None
+                keep = [] if everyone or end is None else [w for w in waiting if w[0] >= end]
+                woken += [w[1] for w in waiting if w not in keep]
+                if keep:
+                    self.parked[name] = keep
+                else:
+                    del self.parked[name]
+        for wake in woken:
+            try:
+                wake()
+            except Exception:              # a server stopping: its loop is closed
+                log.debug("waking a parked fetch failed", exc_info=True)
 
     def _apply_batch(self, position: int, item: ProduceItem):
         qname, producer, seq, store_ts, count = (item.queue_dir, item.producer_id, item.sequence,
@@ -241,6 +283,5 @@ class DataState:
             n: collections.OrderedDict(
                 (p, collections.deque(map(tuple, b), maxlen=REMEMBERED_BATCHES)) for p, b in t.items())
             for n, t in manifest["producers"].items()}
-        with self.cond:
-            self.cond.notify_all()
+        self._wake(list(self.parked), everyone=True)
 

@@ -1,0 +1,185 @@
+"""How a node's gRPC server runs its handlers: on an asyncio server, waiting fetches parked.
+
+The handlers (``MessageLogService``) are plain blocking functions: they wait
+for raft commits, read segments, ask peers. gRPC's thread-pool server gave
+each call a pool thread for its whole life, a long-polling ``Fetch``
+included: 200 consumers polling with ``wait_ms=5000`` held the pool's 64
+threads, and a produce queued behind them for up to 6 s (p99 6,014 ms).
+Kafka parks a waiting fetch in its purgatory without a thread; so do we.
+
+* The server is ``grpc.aio`` on one event-loop thread. Each call runs its
+  handler in the node's worker pool (``run_in_executor``): the pool holds a
+  call only while it computes, reads or waits for a commit.
+* A ``Fetch`` at the end of its queue with ``wait_ms`` returns ``Parked``
+  instead of waiting: a callback is registered with the queue's group state
+  (``DataState.park``), which apply calls when the queue grows (or the
+  queue goes away); the call then waits on an asyncio future, holding no
+  thread, and runs the fetch once more when woken. A wait that ends with
+  nothing new is answered on the loop itself (``Parked.nothing``).
+* A node at its limit refuses new work at once with RESOURCE_EXHAUSTED
+  naming the limit and ``rmq-retry-after-ms`` metadata (the client backs off
+  and retries), instead of queueing it behind the calls in progress:
+  ``max_requests`` handlers running or queued for the pool, ``max_parked``
+  waiting fetches.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import grpc
+
+from ..proto import rmq_pb2
+from ..protocol.errors import RETRY_AFTER_METADATA_KEY
+from ..protocol.placement import GRPC_OPTIONS
+from .guard import _decoder
+
+__all__ = ["Parked", "AsyncServer", "Limits", "SyncContext"]
+
+log = logging.getLogger(__name__)
+SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"]
+RETRY_AFTER_MS = "50"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one node takes on at once (``rmq-storage node --max-requests/--max-parked-fetches``)."""
+    workers: int = 64              # pool threads running handlers
+    max_requests: int = 512        # handlers running or waiting for a pool thread
+    max_parked: int = 20_000       # long-polling fetches waiting for data
+
+
+@dataclass
+class Parked:
+    """A fetch waiting for data: ``park(wake)`` registers ``wake`` with the queue and
+    returns a cancel function, or None when the data is already there. A wait that
+    ends with nothing new is answered by ``nothing()`` on the event loop (a few
+    attribute reads): 2,000 polls timing out together would otherwise queue 2,000
+    reads for the pool ahead of the produces."""
+    park: Callable[[Callable[[], None]], Callable[[], None] | None]
+    timeout: float
+    nothing: Callable[[], bytes]
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class SyncContext:
+    """The part of a servicer context the blocking handlers use (``guard._guard``):
+    an abort becomes an exception the async side turns into the call's status."""
+
+    def __init__(self):
+        self.trailing: tuple = ()
+        self.may_park = True        # a Fetch may answer Parked (once: then it reads what is there)
+
+    def set_trailing_metadata(self, md) -> None:
+        self.trailing = tuple(md)
+
+    def abort(self, code: grpc.StatusCode, details: str):
+        raise _Abort(code, details)
+
+
+class AsyncServer:
+    """A node's gRPC server on its own event-loop thread; ``stop`` ends both."""
+
+    def __init__(self, servicer, address: str, limits: Limits = Limits(), node_name: str = ""):
+        self.servicer, self.limits, self.name = servicer, limits, node_name or address
+        self.pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="grpc")
+        self.running = 0            # touched on the loop thread only
+        self.parked = 0
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
+        self._thread.start()
+        self.server = self._call(self._start(address))
+
+    def _call(self, coro, timeout: float | None = 30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _start(self, address: str):
+        server = grpc.aio.server(options=GRPC_OPTIONS)
+        handlers = {}
+        for m in SERVICE.methods:
+            request = getattr(rmq_pb2, m.input_type.name)
+            response = getattr(rmq_pb2, m.output_type.name)
+            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+                self._handler(getattr(self.servicer, m.name)), request_deserializer=_decoder(request),
+                # Fetch returns its response already encoded (fetch_wire); gRPC sends those bytes.
+                response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+        host, port = address.rsplit(":", 1)
+        server.add_insecure_port(f"{host}:{port}")
+        await server.start()
+        return server
+
+    def _handler(self, fn):
+        async def handle(request, context):
+            ctx = SyncContext()
+            try:
+                result = await self._run(fn, request, ctx)
+                if isinstance(result, Parked):
+                    if not await self._wait(result):
+                        return result.nothing()
+                    ctx.may_park = False
+                    result = await self._run(fn, request, ctx, again=True)
+            except _Abort as e:
+                if ctx.trailing:
+                    context.set_trailing_metadata(ctx.trailing)
+                await context.abort(e.code, e.details)
+            return result
+        return handle
+
+    async def _run(self, fn, request, ctx: SyncContext, again: bool = False):
+        if self.running >= self.limits.max_requests and not again:
+            ctx.trailing = ((RETRY_AFTER_METADATA_KEY, RETRY_AFTER_MS),)
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"node {self.name} is at its limit of {self.limits.max_requests} requests in "
+                         f"progress (--max-requests); retry shortly")
+        self.running += 1
+        try:
+            return await self.loop.run_in_executor(self.pool, fn, request, ctx)
+        finally:
+            self.running -= 1
+
+    async def _wait(self, parked: Parked) -> bool:
+        """Wait for the data; False when the wait ended with nothing new."""
+        if self.parked >= self.limits.max_parked:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"node {self.name} is at its limit of {self.limits.max_parked} waiting fetches "
+                         f"(--max-parked-fetches): fetch with a shorter wait_ms, or from another replica")
+        woken = self.loop.create_future()
+
+        def wake() -> None:             # called by apply on a raft thread
+            self.loop.call_soon_threadsafe(_settle, woken)
+
+        cancel = parked.park(wake)
+        if cancel is None:              # the data came meanwhile
+            return True
+        self.parked += 1
+        try:
+            await asyncio.wait_for(woken, parked.timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.parked -= 1
+            cancel()
+
+    def stop(self, grace: float = 1.0) -> None:
+        try:
+            self._call(self.server.stop(grace), timeout=grace + 10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
