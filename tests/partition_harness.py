@@ -59,7 +59,7 @@ from storage_service.local import LocalCluster
 from storage_service.raft.journal import FSYNC_POLICIES
 
 from .netns import Netns
-from .workload import Producer, Verdict, harness_parser, leader_index, run_for, verify
+from .workload import AckingProducer, Acks, Producer, Verdict, harness_parser, leader_index, run_for, verify
 
 __all__ = ["SCENARIOS", "NetnsCluster", "PartitionReport", "run_partition"]
 
@@ -116,42 +116,7 @@ class NetnsCluster(LocalCluster):
         return self.net.exec_prefix(i) + super().node_command(i)
 
 
-class _Acks:
-    """What producers had acknowledged, and when: per queue the end of the acked
-    offsets, per data group the times of acknowledgements."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.ends: dict[int, int] = {}
-        self.times: dict[int, list[float]] = {}
-
-    def record(self, queue: int, group: int, result) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if result.base_offset >= 0:
-                self.ends[queue] = max(self.ends.get(queue, 0), result.base_offset + result.count)
-            self.times.setdefault(group, []).append(now)
-
-    def snapshot(self) -> dict[int, int]:
-        with self._lock:
-            return dict(self.ends)
-
-    def longest_gap(self, group: int, start: float, end: float) -> float:
-        with self._lock:
-            ts = [start, *(t for t in self.times.get(group, ()) if start < t < end), end]
-        return max(b - a for a, b in zip(ts, ts[1:]))
-
-
-class _AckingProducer(Producer):
-    def __init__(self, *args, acks: _Acks, group: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.acks, self.group = acks, group
-
-    def on_ack(self, queue: int, result) -> None:
-        self.acks.record(queue, self.group, result)
-
-
-def _leader_reader(endpoints: str, topic: str, acks: _Acks, stop: threading.Event,
+def _leader_reader(endpoints: str, topic: str, acks: Acks, stop: threading.Event,
                    report: PartitionReport) -> None:
     """Count ``Client.offsets`` answers older than a write acknowledged before the read began.
 
@@ -322,10 +287,10 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     by_group: dict[int, list[int]] = {}
     for q in range(queues):
         by_group.setdefault(client.group_of(topic, q), []).append(q)
-    acks, stop, fault_stop = _Acks(), threading.Event(), threading.Event()
+    acks, stop, fault_stop = Acks(), threading.Event(), threading.Event()
     # Two producers per group (one gRPC, one produce port) and none shared between
     # groups: a producer stuck on a cut group must not hide another group's progress.
-    prods = [_AckingProducer(client, topic, 2 * k + kind, qs, stop, report, lock, acks=acks, group=g)
+    prods = [AckingProducer(client, topic, 2 * k + kind, qs, stop, report, lock, acks=acks, group=g)
              for k, (g, qs) in enumerate(sorted(by_group.items())) for kind in (0, 1)]
     run = _Run(cluster.net, cluster, client, sorted(by_group), report, random.Random(seed), log=log)
     reader = threading.Thread(target=_leader_reader, args=(cluster.endpoints, topic, acks, stop, report), daemon=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from storage_service.local import LocalCluster
 
-__all__ = ["Verdict", "Producer", "verify", "leader_index", "harness_parser", "replicas_of_queues", "run_for",
+__all__ = ["Verdict", "Producer", "Acks", "AckingProducer", "verify", "leader_index", "harness_parser", "replicas_of_queues", "run_for",
            "settle"]
 
 
@@ -93,6 +93,41 @@ class Producer(threading.Thread):
                     self.report.retries += 1
                 if self.stop_event.wait(0.05):
                     return None
+
+
+class Acks:
+    """What producers had acknowledged, and when: per queue the end of the acked
+    offsets, per data group the times of acknowledgements."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.ends: dict[int, int] = {}
+        self.times: dict[int, list[float]] = {}
+
+    def record(self, queue: int, group: int, result) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if result.base_offset >= 0:
+                self.ends[queue] = max(self.ends.get(queue, 0), result.base_offset + result.count)
+            self.times.setdefault(group, []).append(now)
+
+    def snapshot(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self.ends)
+
+    def longest_gap(self, group: int, start: float, end: float) -> float:
+        with self._lock:
+            ts = [start, *(t for t in self.times.get(group, ()) if start < t < end), end]
+        return max(b - a for a, b in zip(ts, ts[1:]))
+
+
+class AckingProducer(Producer):
+    def __init__(self, *args, acks: Acks, group: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.acks, self.group = acks, group
+
+    def on_ack(self, queue: int, result) -> None:
+        self.acks.record(queue, self.group, result)
 
 
 def run_for(seconds: float, producers: list[Producer], log, progress) -> None:

@@ -486,8 +486,8 @@ def _outcomes(call, address: str, n: int) -> list[ProduceResult | RmqError]:
         outcomes = call.result()
     except grpc.RpcError as e:
         return [from_rpc_error(e, address)] * n
-    return [from_status(o.code, o.message, o.leader, address) if o.code else
-            _result(o.result) for o in outcomes]
+    return [from_status(o.code, o.message, o.leader, address, str(o.retry_after_ms or "") or None)
+            if o.code else _result(o.result) for o in outcomes]
 
 
 def _result(r: rmq_pb2.ProduceResult) -> ProduceResult:

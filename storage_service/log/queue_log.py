@@ -18,6 +18,7 @@ import threading
 import time
 
 from ..protocol import framing
+from .diskspace import Shortage, is_shortage
 from .durability import drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
@@ -57,6 +58,7 @@ class QueueLog:
         self._ifd: int | None = None
         self._tfd: int | None = None
         self._idx_since = 0   # bytes appended since the last offset-index entry
+        self._index_sizes: tuple[int, int] | None = None   # index file sizes before an append
         self._dirty = False
         self._appends = 0     # appends so far (sync_behind: was anything written meanwhile?)
         self._uncached = 0    # active segment: bytes below this were dropped from the page cache
@@ -194,19 +196,26 @@ class QueueLog:
             if h.base_offset != self.next_offset and not (gap_ok and h.base_offset > self.next_offset):
                 raise ValueError(f"append at {h.base_offset} but queue {self.path} is at {self.next_offset}")
             self.last_use = time.monotonic()
-            if self._wfd is None:
-                self._open_writer()
-            seg = self.segments[-1]
-            if seg.size >= self.segment_bytes:
-                self._roll()
+            try:
+                if self._wfd is None:
+                    self._open_writer()
                 seg = self.segments[-1]
-            if isinstance(frame, tuple):
-                os.writev(self._wfd, frame)
-            else:
-                os.write(self._wfd, frame)
-            if self._idx_since >= self.index_interval:
-                os.write(self._ifd, IDX_ENTRY.pack(h.base_offset, seg.size))
-                os.write(self._tfd, TIX_ENTRY.pack(h.store_ts, h.base_offset))
+                if seg.size >= self.segment_bytes:
+                    self._roll()
+                    seg = self.segments[-1]
+            except OSError as e:        # no descriptor or no room for a new segment's files
+                if is_shortage(e):
+                    raise Shortage(e.errno, f"queue {self.path}: {os.strerror(e.errno)}") from e
+                raise
+            indexed = self._idx_since >= self.index_interval
+            try:
+                self._write_batch(frame, h, seg, indexed)
+            except OSError as e:
+                self._cut_back(seg, indexed)
+                if is_shortage(e):
+                    raise Shortage(e.errno, f"queue {self.path}: {os.strerror(e.errno)}") from e
+                fatal(f"queue {self.path}: segment write failed ({e})")
+            if indexed:
                 self._idx_since = 0
             self._idx_since += h.size
             seg.size += h.size
@@ -217,6 +226,30 @@ class QueueLog:
             seg.last_position = h.apply_position
             self._dirty = True
             self._appends += 1
+
+    def _write_batch(self, frame, h: framing.BatchHeader, seg: Segment, indexed: bool) -> None:
+        """Write one batch (and its index entries); a short write is an error."""
+        n = os.writev(self._wfd, frame) if isinstance(frame, tuple) else os.write(self._wfd, frame)
+        if n != h.size:                 # the file system ran out part way
+            raise OSError(errno.ENOSPC, f"short write ({n} of {h.size} bytes)")
+        if indexed:
+            self._index_sizes = (os.fstat(self._ifd).st_size, os.fstat(self._tfd).st_size)
+            for fd, entry in ((self._ifd, IDX_ENTRY.pack(h.base_offset, seg.size)),
+                              (self._tfd, TIX_ENTRY.pack(h.store_ts, h.base_offset))):
+                if os.write(fd, entry) != len(entry):
+                    raise OSError(errno.ENOSPC, "short write of an index entry")
+
+    def _cut_back(self, seg: Segment, indexed: bool) -> None:
+        """Undo a failed append: the files end where they did before it."""
+        try:
+            os.ftruncate(self._wfd, seg.size)
+            if indexed and self._index_sizes is not None:
+                os.ftruncate(self._ifd, self._index_sizes[0])
+                os.ftruncate(self._tfd, self._index_sizes[1])
+        except OSError as e:            # the files no longer match memory
+            fatal(f"queue {self.path}: could not undo a failed write ({e})")
+        finally:
+            self._index_sizes = None
 
     def append_frames(self, frames: bytes) -> int:
         """Append already-framed batches (peer catch-up). Returns batches written.
@@ -240,25 +273,31 @@ class QueueLog:
         Readers holding the old file keep reading it (``read`` dups the fd).
         """
         cleaned = {ext: seg.file(ext) + ".cleaned" for ext in SEGMENT_FILES}
-        idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
-        with open(cleaned["log"], "wb") as f:
-            for frame in frames:
-                h = next(framing.iter_batches(frame, verify=False))
-                if since >= self.index_interval:
-                    idx.append((h.base_offset, pos))
-                    tix.append((h.store_ts, h.base_offset))
-                    since = 0
-                if first_ts < 0:
-                    first_ts = h.store_ts
-                f.write(frame)
-                since += len(frame)
-                pos += len(frame)
-            f.flush()
-            os.fsync(f.fileno())
-        for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
-            write_pairs(cleaned[ext], st, pairs)
-            with open(cleaned[ext], "rb+") as f:
+        try:
+            idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
+            with open(cleaned["log"], "wb") as f:
+                for frame in frames:
+                    h = next(framing.iter_batches(frame, verify=False))
+                    if since >= self.index_interval:
+                        idx.append((h.base_offset, pos))
+                        tix.append((h.store_ts, h.base_offset))
+                        since = 0
+                    if first_ts < 0:
+                        first_ts = h.store_ts
+                    f.write(frame)
+                    since += len(frame)
+                    pos += len(frame)
+                f.flush()
                 os.fsync(f.fileno())
+            for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
+                write_pairs(cleaned[ext], st, pairs)
+                with open(cleaned[ext], "rb+") as f:
+                    os.fsync(f.fileno())
+        except BaseException:          # a full disk: no half-written file stays
+            for path in cleaned.values():
+                if os.path.exists(path):
+                    os.unlink(path)
+            raise
         with self.lock:
             if not any(s is seg for s in self.segments):
                 for path in cleaned.values():

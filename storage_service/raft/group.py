@@ -49,6 +49,7 @@ from pysyncobj.node import TCPNode
 from . import membership, transport
 from .election import LeaseElection
 from .membership import Membership
+from ..log.diskspace import DiskSpace, Shortage
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
 from .mux import MuxTransport
@@ -86,13 +87,20 @@ class RaftTiming:
 class RaftGroup(Membership, LeaseElection, SyncObj):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
-                 loop: RaftLoop | None = None, members_index: int = 0, preferred: bool = False):
+                 loop: RaftLoop | None = None, members_index: int = 0, preferred: bool = False,
+                 disk: DiskSpace | None = None):
         """``peers``: the group's voters (raft addresses) as of raft index
         ``members_index`` (0: a founding replica); kept in the replica's
         ``members`` file when it is created, and ignored once it has one.
         ``preferred``: this replica should lead (the first of the group's recorded
-        replicas): at start it stands for election first (election.py)."""
+        replicas): at start it stands for election first (election.py).
+        ``disk``: the node's free-space watch; below its reserve this replica takes
+        no new entries (``log/diskspace.py``)."""
         self.group_id = group_id
+        self.disk = disk
+        self.shortages = 0               # applies put off for want of space or descriptors
+        self.refused_appends = 0         # appends not taken for want of space
+        self._warned = 0.0
         self.state = state
         self.timing = timing
         self.stale_appends = 0
@@ -210,8 +218,37 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             for node in set(before) - set(counted):
                 real.pop(node, None)
 
+    def _no_room(self, node, message):
+        """An append while the disk is below its reserve: the entries are not taken
+        (and not acknowledged: the other replicas carry the group); the rest of the
+        message (term, leader, commit index up to what matches) is. The leader
+        sends them again, and once space is freed they are taken."""
+        prev_idx = message["prevLogIdx"]
+        if self._term_at(prev_idx) != message["prevLogTerm"]:
+            return message                       # pysyncobj rejects it as before, writing nothing
+        self.refused_appends += 1
+        self._warn(f"{self.disk.shortfall()}: not taking {len(message['entries'])} entries from the leader")
+        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, prev_idx))
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx + 1, success=True)
+        return None
+
+    def _warn(self, what: str) -> None:
+        now = time.monotonic()
+        if now - self._warned >= 10:
+            self._warned = now
+            log.warning("group %d: %s", self.group_id, what)
+
     def _SyncObj__applyLogEntries(self):
-        need_send = SyncObj._SyncObj__applyLogEntries(self)
+        try:
+            need_send = SyncObj._SyncObj__applyLogEntries(self)
+        except Shortage as e:
+            # Not applied, not skipped: the entry is applied again next tick (apply
+            # is idempotent per queue), once space or descriptors are there.
+            self.shortages += 1
+            if self.disk is not None:
+                self.disk.met_shortage()
+            self._warn(f"applying entry {self.raftLastApplied + 1} put off: {e}")
+            return False
         # pysyncobj sends an append after every apply only to tell followers
         # the new commit index. When the committer proposes an entry later in
         # this very tick, that entry's append carries the commit index: skip
@@ -256,6 +293,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
             return self._on_ack(node, message)
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
+            if message.get("entries") and self.disk is not None and self.disk.low():
+                message = self._no_room(node, message)
+                if message is None:
+                    return
             if "prevLogIdx" in message and "transmission" not in message:
                 message = self._reconcile_append(node, message)
             elif message.get("serialized") is not None:

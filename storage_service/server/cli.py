@@ -44,6 +44,10 @@ def _parse(argv):
     n.add_argument("--max-requests", type=int, default=512,
                    help="requests a node runs or queues at once; past it new ones get RESOURCE_EXHAUSTED "
                         "(the client backs off and retries); default 512")
+    n.add_argument("--min-free-bytes", type=int, default=64 << 20,
+                   help="free space the data directory keeps: below it the node refuses produce "
+                        "(RESOURCE_EXHAUSTED, retried by clients), takes no new entries as a follower "
+                        "and hands the groups it leads to replicas with room; default 64 MiB")
     n.add_argument("--max-parked-fetches", type=int, default=20_000,
                    help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")
     n.add_argument("--log-level", default="INFO")
@@ -114,6 +118,7 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,
                                   replication=args.replication_factor, repair_after=args.repair_after,
                                   max_requests=args.max_requests, max_parked_fetches=args.max_parked_fetches,
+                                  min_free_bytes=args.min_free_bytes,
                                   join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import grpc
 
-from ..protocol.errors import LEADER_METADATA_KEY, StorageError
+from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, StorageError
 
-__all__ = ["ServiceError", "NotLeader", "invalid", "not_found"]
+__all__ = ["ServiceError", "NotLeader", "NodeFull", "invalid", "not_found"]
 
 
 class ServiceError(StorageError):
@@ -30,6 +30,19 @@ class NotLeader(ServiceError):
 
     def trailing_metadata(self) -> tuple:
         return ((LEADER_METADATA_KEY, self.leader),) if self.leader else ()
+
+
+class NodeFull(ServiceError):
+    """This node is short of disk space: a moment's condition (space is freed, or the
+    group's leadership moves to a replica with room), so the client retries."""
+    retriable = True
+    retry_after_ms = 500
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+    def trailing_metadata(self) -> tuple:
+        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
 
 
 def invalid(message: str) -> ServiceError:

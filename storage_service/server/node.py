@@ -18,6 +18,7 @@ from typing import Callable
 import grpc
 
 from ..log.dirlock import DirectoryLock
+from ..log.diskspace import DiskSpace
 from ..log.handles import OpenFiles, open_files_limit
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
@@ -28,7 +29,7 @@ from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
 from .controller import Controller
-from .errors import NotLeader, ServiceError, not_found
+from .errors import NodeFull, NotLeader, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
 from .replicas import ReplicaSet
@@ -72,6 +73,7 @@ class NodeConfig:
     repair_after: float = 300.0         # a node down this long has its replicas re-created elsewhere
     max_requests: int = 512             # handlers running or queued (server/dispatch.py)
     max_parked_fetches: int = 20_000    # long-polling fetches waiting for data, holding no thread
+    min_free_bytes: int = 64 << 20      # below this free in data_dir: no new data (log/diskspace.py)
     join: tuple[str, ...] = ()          # a new node: nodes of the running cluster to join through
     timing: RaftTiming = field(default_factory=RaftTiming)
 
@@ -101,6 +103,8 @@ class StorageNode(ReplicaSet, Upkeep):
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
+        os.makedirs(config.data_dir, exist_ok=True)
+        self.disk = DiskSpace(config.data_dir, config.min_free_bytes)
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
                                   listen=raft_address(config.address),
                                   connection_timeout=max(3.5, config.timing.max_timeout))
@@ -158,7 +162,8 @@ class StorageNode(ReplicaSet, Upkeep):
         return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
                          loop=self.raft_loop, members_index=members_index,
-                         preferred=bool(laid_out) and laid_out[0] == c.address)
+                         preferred=bool(laid_out) and laid_out[0] == c.address,
+                         disk=self.disk if g else None)
 
     def _open_group(self, g: int, members, members_index: int = 0) -> None:
         """Open this node's replica of data group ``g``, or create it, empty, with
@@ -332,6 +337,8 @@ class StorageNode(ReplicaSet, Upkeep):
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result."""
         g = self.group_of(cfg["name"], queue, cfg)
         self.require_leader(g)
+        if self.disk.low():
+            raise NodeFull(self.disk.describe(self.config.address))
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                            int(time.time() * 1000), count, block)
         return g, self.committers[g].submit(item, len(block))

@@ -164,6 +164,7 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
             except ServiceError as e:
                 out.code, out.message = e.code.value[0], e.message
                 out.leader = getattr(e, "leader", None) or ""
+                out.retry_after_ms = getattr(e, "retry_after_ms", 0)
         return resp
 
     @staticmethod

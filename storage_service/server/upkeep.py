@@ -23,10 +23,34 @@ class Upkeep:
                 self.enforce_retention()
             except Exception:
                 log.exception("retention pass failed")
+            if self.disk.low():             # compaction writes new files before it frees any
+                self.hand_over_when_full()
+                continue
             try:
                 self.compact_queues()
             except Exception:
                 log.exception("compaction pass failed")
+
+    def hand_over_when_full(self) -> int:
+        """Below the disk reserve: hand each data group this node leads to the voter
+        furthest along (one with room takes entries; a full one does not, and the
+        hand-over waits for the target to have everything, so it fails and the next
+        pass tries again). Returns the groups handed over."""
+        moved = 0
+        for g, raft in list(self.groups.items()):
+            if not g or not raft.is_leader:
+                continue
+            match = dict(raft._SyncObj__raftMatchIndex)
+            voters = [n for n in raft._SyncObj__otherNodes if n in match]
+            if not voters:
+                continue
+            target = max(voters, key=lambda n: match[n])
+            address = target.address if hasattr(target, "address") else str(target)
+            if raft.transfer_to(address, timeout=2.0):
+                moved += 1
+                log.warning("group %d: leadership handed to %s (%s)", g, address,
+                            self.disk.describe(self.config.address))
+        return moved
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """On groups this node leads: propose prefix truncation and queue drops."""

@@ -1,0 +1,1 @@
+"""Fault injection for tests: power-loss emulation of real processes (powerloss.py)."""

@@ -1,0 +1,98 @@
+"""A full disk is a shortage, not a failure: refused, handed over, caught up (``log/diskspace.py``).
+
+Real small filesystems: each test mounts a sized tmpfs (root, as on CI).
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from rmq_spark.client import Client, ResourceExhausted
+from storage_service.local import LocalCluster
+from storage_service.log.diskspace import Shortage
+from storage_service.log.queue_log import QueueLog
+from storage_service.protocol.framing import frame_batch, iter_batches, next_offset
+
+from .node_faults import MiB, Tmpfs, fatal_stops, run_scenario
+from .unit._helpers import encode_values
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    disk = Tmpfs(str(tmp_path / "disk"), 8 * MiB)
+    yield disk
+    disk.unmount()
+
+
+def _batch(base: int, n: int = 50, size: int = 2000) -> bytes:
+    return frame_batch(base, 1000 + base, n, base + 1, encode_values([b"v" * size] * n))
+
+
+def test_segment_append_on_a_full_filesystem_keeps_files_whole(small_disk):
+    """ENOSPC part way through a batch: the write is cut back, Shortage raised, the
+    files end where they did; after space is freed appends go on and a reopen
+    finds every batch."""
+    filler = small_disk.fill(leave=3 * MiB, name="other")   # another writer's file, freed later
+    q = QueueLog(os.path.join(small_disk.path, "t~1~0"), segment_bytes=1 * MiB)
+    frames = []
+    with pytest.raises(Shortage) as err:
+        while True:
+            f = _batch(q.next_offset)
+            q.append(f, next(iter_batches(f)))
+            frames.append(f)
+    assert "No space left" in str(err.value) and q.path in str(err.value)
+    ends = q.next_offset
+    assert sum(len(f) for f in frames) == sum(s.size for s in q.segments)
+    for seg in q.segments:
+        assert os.path.getsize(seg.file("log")) == seg.size
+    os.unlink(filler)
+    f = _batch(q.next_offset)
+    q.append(f, next(iter_batches(f)))
+    q.close()
+    again = QueueLog(q.path, segment_bytes=1 * MiB)
+    assert again.next_offset == ends + 50
+    got, off = [], 0
+    while off < again.next_offset:
+        data = bytes(again.read(off, 64 * MiB))
+        got.append(data)
+        off = next_offset(data, off)
+    assert b"".join(got) == b"".join(frames + [f])
+
+
+def test_full_node_refuses_produce_and_serves_reads(tmp_path):
+    disk = Tmpfs(str(tmp_path / "node-0"), 48 * MiB)
+    try:
+        with LocalCluster(nodes=1, groups=1, data_dir=str(tmp_path),
+                          extra_args=["--min-free-bytes", str(8 * MiB)]) as cluster, \
+                Client(cluster.endpoints, timeout=3) as client:
+            client.create_topic("t", queues=1)
+            client.produce("t", [b"before"], queue=0)
+            filler = disk.fill(leave=4 * MiB)
+            with pytest.raises(ResourceExhausted) as err:
+                client.produce("t", [b"refused"], queue=0)
+            msg = str(err.value)
+            assert cluster.addresses[0] in msg and disk.path in msg and "--min-free-bytes" in msg, msg
+            assert [r.value for r in client.fetch("t", 0, 0).records] == [b"before"]   # reads go on
+            os.unlink(filler)
+            client.produce("t", [b"after"], queue=0, timeout=10)
+            cluster.kill(0, signal.SIGKILL)
+            cluster.start_node(0)
+            cluster.wait_ready(60)
+            assert [r.value for r in client.fetch("t", 0, 0).records] == [b"before", b"after"]
+            assert not fatal_stops(cluster)
+    finally:
+        disk.unmount()
+
+
+def test_disk_full_scenario_bounded(tmp_path):
+    """``make jepsen``'s disk-full scenario, bounded: node 2's disk fills under load."""
+    rep = run_scenario("disk-full", str(tmp_path), seconds=12, log=lambda line: None)
+    print(rep.summary())
+    assert rep.acked > 0 and rep.ok, rep.summary()
+    assert not rep.problems, rep.problems
+    assert rep.measured["acked_while_full"] > 0
