@@ -203,20 +203,198 @@ def _disk_full_setup(data_dir: str) -> Tmpfs:
     return Tmpfs(os.path.join(data_dir, "node-2"), 64 * MiB)
 
 
+# ------------------------------------------------------------------- bit rot
+def flip(path: str, at: int | None = None) -> int:
+    """Invert one byte of a file (its middle by default); returns the position."""
+    size = os.path.getsize(path)
+    at = size // 2 if at is None else at
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+    return at
+
+
+def sealed_segments(node_dir: str, group: int | None = None) -> list[str]:
+    """Sealed segment logs (every one but the last of its queue) under a node's directory."""
+    out = []
+    pattern = os.path.join(node_dir, f"group-{group if group is not None else '*'}", "queues", "*")
+    for qdir in sorted(glob.glob(pattern)):
+        logs = sorted(glob.glob(os.path.join(qdir, "*.log")))
+        out += logs[:-1]
+    return out
+
+
+def live_journal_record(group_dir: str) -> tuple[int, str] | None:
+    """A byte inside the body of a live journal record in the middle of the group's
+    live journal file (read from a copy, so the node's own files stay as they are)."""
+    import shutil
+    from storage_service.raft.journal import DurableJournal
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in glob.glob(os.path.join(group_dir, "raft.*")):
+            shutil.copy(f, tmp)
+        j = DurableJournal(os.path.join(tmp, "raft"))
+        if len(j._ends) < 4:
+            return None
+        k = len(j._ends) // 2
+        return (j._ends[k - 1] + j._ends[k]) // 2, os.path.basename(j.file_path)
+
+
+def _rot(run: _Run, victims: dict[int, list[str]]) -> None:
+    """Kill -9 every node, flip bytes as ``victims`` says (node -> kinds: segment,
+    index, journal), restart them all."""
+    cluster, rep = run.cluster, run.report
+    g = run.client.group_of(run.topic, 0)
+    for i in range(cluster.nodes):
+        cluster.kill(i, signal.SIGKILL)
+    for i, kinds in victims.items():
+        node_dir = os.path.join(cluster.data_dir, f"node-{i}")
+        segs = sealed_segments(node_dir, g)
+        for kind in kinds:
+            if kind in ("segment", "index") and segs:
+                seg = segs[len(segs) // 2 if kind == "segment" else len(segs) // 3]
+                path = seg if kind == "segment" else seg[:-4] + ".idx"
+                if kind == "index" and os.path.getsize(path) < 32:
+                    continue
+                # an index: the offset of its second entry (the last one is checked at start, the
+                # others by reads and the scrub)
+                at = flip(path, None if kind == "segment" else 16 + 2)
+                rep.faults.append(f"node {i}: byte {at} of {os.path.relpath(path, node_dir)} flipped")
+            elif kind == "journal":
+                found = live_journal_record(os.path.join(node_dir, f"group-{g}"))
+                if found:
+                    at, name = found
+                    flip(os.path.join(node_dir, f"group-{g}", name), at)
+                    rep.faults.append(f"node {i}: byte {at} of group-{g}/{name} (a live journal record) flipped")
+    for i in range(cluster.nodes):
+        cluster.start_node(i)
+    cluster.wait_ready(120)
+
+
+def bit_rot(run: _Run, seconds: float) -> None:
+    cluster, client, rep = run.cluster, run.client, run.report
+    time.sleep(seconds * 0.3)
+    g = client.group_of(run.topic, 0)
+    leader = leader_index(client, cluster, g)
+    leader = 0 if leader is None else leader
+    follower = (leader + 1) % cluster.nodes
+    rep.measured["rot_on"] = f"leader{leader}+follower{follower}"
+    _rot(run, {leader: ["segment", "index"], follower: ["segment", "journal"]})
+    if sum("flipped" in f for f in rep.faults) < 4:
+        rep.problems.append(f"not every kind of rot could be placed: {rep.faults}")
+    # Every replica's copy of every queue of the group reads back whole right away.
+    for q in range(run.queues):
+        if client.group_of(run.topic, q) != g:
+            continue
+        for addr in cluster.addresses:
+            client.fetch(run.topic, q, 0, max_bytes=64 * MiB, address=addr, from_follower=True)
+    time.sleep(seconds * 0.4)
+    took = wait_for(lambda: not unrepaired(cluster), timeout=60)
+    rep.measured["repaired_s"] = f"{took:.1f}" if took is not None else "none"
+    if took is None:
+        rep.problems.append(f"segments still bad 60 s after the restart: {unrepaired(cluster)[:3]}")
+    rep.measured["healed_reads"] = _log_count(cluster, "from a peer, repairing the segment")
+    rep.measured["segments_repaired"] = _log_count(cluster, "repaired from a peer")
+    rep.measured["indexes_rebuilt"] = _log_count(cluster, "rebuilt")
+
+
+def unrepaired(cluster: LocalCluster) -> list[str]:
+    """Segment files (every queue, every node) whose batches or index do not check out."""
+    from storage_service.log.segment import Segment, check_segment
+    bad = []
+    for qdir in glob.glob(os.path.join(cluster.data_dir, "node-*", "group-*", "queues", "*")):
+        for path in sorted(glob.glob(os.path.join(qdir, "*.log")))[:-1]:     # sealed ones: no writer
+            base, size = int(os.path.basename(path)[:-4]), os.path.getsize(path)
+            seg = Segment(base, qdir, 1 << 62, size)
+            try:
+                whole, index_ok, _ = check_segment(seg, size)
+            except FileNotFoundError:
+                continue
+            if not (whole and index_ok):
+                bad.append(path)
+    return bad
+
+
+def _log_count(cluster: LocalCluster, needle: str) -> int:
+    n = 0
+    for path in glob.glob(os.path.join(cluster.log_dir, "node-*.log")):
+        with open(path, errors="replace") as f:
+            n += sum(1 for line in f if needle in line)
+    return n
+
+
+# ---------------------------------------------------------------- power loss
+class PowerCluster(LocalCluster):
+    """Every node under the power-loss shim (``tests/faults/unsynced.c``): node *i*'s
+    unsynced writes are kept apart in ``<data_dir>/undo-i`` and dropped by ``power_off``."""
+
+    writeback_s: float | None = None
+
+    def node_command(self, i: int) -> list[str]:
+        from .faults.powerloss import shim_env
+        env = shim_env(os.path.join(self.data_dir, f"node-{i}"), self.undo_dir(i), self.writeback_s)
+        return ["env", *[f"{k}={v}" for k, v in env.items()], *super().node_command(i)]
+
+    def undo_dir(self, i: int) -> str:
+        return os.path.join(self.data_dir, f"undo-{i}")
+
+    def power_off(self, nodes: list[int]) -> list:
+        """Cut the power of ``nodes`` at once: SIGKILL, then what they wrote and did
+        not sync is gone (``drop_unsynced``, POSIX rules: names need a directory sync)."""
+        from .faults.powerloss import drop_unsynced
+        for i in nodes:
+            self.kill(i, signal.SIGKILL)
+        for i in nodes:
+            proc = self.procs[i]
+            if proc is not None:
+                proc.wait(10)
+        return [drop_unsynced(self.undo_dir(i)) for i in nodes]
+
+
+def power_loss(run: _Run, seconds: float) -> None:
+    """Twice a power loss of a majority (a group's leader and one more, then all
+    three), each restarted after its unsynced writes were dropped."""
+    cluster, client, rep = run.cluster, run.client, run.report
+    dropped = 0
+    for k, share in enumerate((0.3, 0.3)):
+        time.sleep(seconds * share)
+        g = client.group_of(run.topic, 0)
+        leader = leader_index(client, cluster, g)
+        leader = 0 if leader is None else leader
+        nodes = [leader, (leader + 1) % cluster.nodes] if k == 0 else list(range(cluster.nodes))
+        losses = cluster.power_off(nodes)
+        for i, loss in zip(nodes, losses):
+            rep.faults.append(f"node {i}: {loss.summary()}")
+            dropped += loss.bytes_dropped
+            if loss.skipped:
+                rep.problems.append(f"node {i}: the shim could not undo {loss.skipped[:2]}")
+        for i in nodes:
+            cluster.start_node(i)
+        cluster.wait_ready(120)
+    rep.measured["unsynced_bytes_dropped"] = dropped
+    time.sleep(seconds * 0.2)
+
+
 SCENARIOS = {"disk-full": (disk_full, _disk_full_setup,
                            ["--min-free-bytes", str(RESERVE), "--segment-bytes", str(4 * MiB),
-                            "--retention-interval", "1"])}
+                            "--retention-interval", "1"]),
+             "bit-rot": (bit_rot, None, ["--segment-bytes", str(160 << 10), "--scrub-interval", "3"]),
+             "power-loss": (power_loss, None, ["--segment-bytes", str(1 * MiB), "--compaction-entries", "500"])}
+CLUSTERS = {"power-loss": PowerCluster}
 
 
 def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "always",
-                 log=print) -> NodeFaultReport:
+                 log=print, writeback_s: float | None = None) -> NodeFaultReport:
     from rmq_spark.client import Client
 
     fault, setup, args = SCENARIOS[name]
     report = NodeFaultReport(scenario=name)
     resource = setup(data_dir) if setup else None
     try:
-        cluster = LocalCluster(nodes=3, groups=3, data_dir=data_dir, fsync=fsync, extra_args=args)
+        cluster = CLUSTERS.get(name, LocalCluster)(nodes=3, groups=3, data_dir=data_dir, fsync=fsync,
+                                                   extra_args=args)
+        cluster.writeback_s = writeback_s
         cluster.start(timeout=90)
         try:
             with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
@@ -239,13 +417,13 @@ def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "
 
 
 def run_node_faults(data_dir: str, scenarios: list[str], seconds: float = 60.0, fsync: str = "always",
-                    log=print) -> list[NodeFaultReport]:
+                    log=print, writeback_s: float | None = None) -> list[NodeFaultReport]:
     out = []
     for name in scenarios:
         d = os.path.join(data_dir, name)
         os.makedirs(d, exist_ok=True)
         log(f"node faults: {name}, {seconds:.0f} s")
-        rep = run_scenario(name, d, seconds, fsync, log)
+        rep = run_scenario(name, d, seconds, fsync, log, writeback_s)
         log(rep.summary())
         out.append(rep)
     return out
@@ -255,13 +433,15 @@ def main(argv=None) -> int:
     ap = harness_parser("python -m tests.node_faults", __doc__)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    ap.add_argument("--writeback-s", type=float, default=None,
+                    help="power-loss: the kernel writes back what is older than this (default: never)")
     a = ap.parse_args(argv)
     names = [s for s in a.scenarios.split(",") if s]
     unknown = [s for s in names if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s) {unknown}: choose from {', '.join(SCENARIOS)}")
     with tempfile.TemporaryDirectory(prefix="rmq-node-faults-") as tmp:
-        reports = run_node_faults(a.data_dir or tmp, names, a.seconds, a.fsync)
+        reports = run_node_faults(a.data_dir or tmp, names, a.seconds, a.fsync, writeback_s=a.writeback_s)
     if a.json:
         print(json.dumps([{**r.__dict__, "held": r.held} for r in reports], indent=2))
     for r in reports:

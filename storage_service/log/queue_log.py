@@ -21,8 +21,9 @@ from ..protocol import framing
 from .diskspace import Shortage, is_shortage
 from .durability import drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
-from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
-                      read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
+from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, index_entries,
+                      open_sealed, read_pairs, read_segment, recover_tail, rewrite_index, segment_name, span_in,
+                      write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -64,7 +65,10 @@ class QueueLog:
         self._uncached = 0    # active segment: bytes below this were dropped from the page cache
         self.files = files
         self.last_use = 0.0   # monotonic time of the last append or read (least used closes first)
-        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            os.makedirs(path, exist_ok=True)
+            if fsync:                # the queue's directory entry survives a power loss
+                fsync_dir(os.path.dirname(os.path.abspath(path)))
         self._open()
 
     # ------------------------------------------------------------------ open
@@ -79,6 +83,9 @@ class QueueLog:
             self.segments.append(seg)
         else:
             self._new_segment(self._earliest)
+        for seg, after in zip(self.segments, self.segments[1:]):
+            if seg.damaged:                  # its end is where the next one starts
+                seg.next_offset = max(seg.next_offset, after.base)
         self._earliest = max(self._earliest, self.segments[0].base)
 
     def _read_earliest(self) -> int:
@@ -102,6 +109,11 @@ class QueueLog:
         open(seg.file("log"), "ab").close()
         write_pairs(seg.file("idx"), IDX_ENTRY, [])
         write_pairs(seg.file("tix"), TIX_ENTRY, [])
+        if self.fsync_enabled:
+            # The new files' names: without this a power loss may drop them, and once a
+            # raft snapshot covers their entries nothing would write them again
+            # (found by the power-loss shim, tests/faults/unsynced.c).
+            fsync_dir(self.path)
         self.segments.append(seg)
         self._idx_since = self.index_interval
         return seg
@@ -316,6 +328,18 @@ class QueueLog:
             self._note_files()
         return True
 
+    def repair_segment(self, seg: Segment, frames: list[bytes]) -> bool:
+        """Swap a sealed segment for a healthy replica's batches of its offset range
+        (bit rot; ``server/repair.py``); False if the segment went meanwhile."""
+        last = next(framing.iter_batches(frames[-1]))
+        if not self.replace_segment(seg, frames):
+            return False
+        with self.lock:
+            seg.next_offset = max(seg.next_offset, last.next_offset)
+            seg.last_ts, seg.last_position = last.store_ts, last.apply_position
+            seg.damaged = False
+        return True
+
     def _roll(self) -> None:
         self.sync()
         if self.fsync_enabled:    # a sealed segment is read rarely: all of it leaves the cache
@@ -409,6 +433,30 @@ class QueueLog:
         for h in framing.iter_batches(self.read(offset, 1), verify=False):
             return max(h.base_offset, self._earliest)
         return offset
+
+    def damaged(self) -> list[Segment]:
+        with self.lock:
+            return [seg for seg in self.segments if seg.damaged]
+
+    def seal_active(self) -> Segment | None:
+        """Roll the active segment now (it holds a bad batch or index entry: a sealed
+        segment can be swapped whole); the sealed one, or None if it is empty."""
+        with self.lock:
+            seg = self.segments[-1]
+            if seg.size == 0:
+                return None
+            if self._wfd is None:
+                self._open_writer()
+            self._roll()
+            return seg
+
+    def rebuild_index(self, seg: Segment, headers) -> None:
+        """Rewrite a sealed segment's index files from its batches' headers."""
+        idx, tix = index_entries(headers, self.index_interval)
+        with self.lock:
+            if seg is self.segments[-1]:
+                raise ValueError(f"segment {seg.file('log')} is active: seal it first")
+            rewrite_index(seg, idx, tix)
 
     def reset(self, start: int) -> None:
         """Drop everything and continue empty at ``start`` (replica rebuild)."""

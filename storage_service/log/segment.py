@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from ..protocol import framing
 
-__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "finish_swaps", "index_position",
-           "open_sealed", "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
+__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "check_segment", "finish_swaps",
+           "index_entries", "index_position", "open_sealed", "rewrite_index", "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class Segment:
     last_ts: int = -1
     last_position: int = 0
     fd: int | None = field(default=None, repr=False)
+    damaged: bool = False   # a batch failed its CRC (bit rot): repaired from a peer (server/repair.py)
 
     def file(self, ext: str) -> str:
         return os.path.join(self.path, segment_name(self.base, ext))
@@ -87,9 +88,15 @@ class Segment:
 
 
 def open_sealed(path: str, base: int) -> Segment:
-    """A sealed segment, from its files: sizes and the last batch's offsets (read via the index)."""
+    """A sealed segment, from its files: sizes and the last batch's offsets (read via the index).
+
+    The index is only trusted when the batches from its last entry end exactly
+    at the end of the file; otherwise the whole file is scanned: a bad index
+    is rebuilt from the batches, a bad batch (bit rot) marks the segment
+    ``damaged`` (its batches up to the rot are known; the queue takes its end
+    from the next segment, and the repair fetches it from a peer).
+    """
     seg = Segment(base, path, base, os.path.getsize(os.path.join(path, segment_name(base, "log"))))
-    # The last batch gives next offset / last ts; read it via the index.
     idx = read_pairs(seg.file("idx"), IDX_ENTRY)
     tix = read_pairs(seg.file("tix"), TIX_ENTRY)
     start = idx[-1][1] if idx else 0
@@ -97,15 +104,71 @@ def open_sealed(path: str, base: int) -> Segment:
         f.seek(start)
         tail = f.read()
     valid, headers = framing.scan_valid_prefix(tail)
+    if (start + valid != seg.size or (seg.size and not headers)
+            or (headers and idx and headers[0].base_offset != idx[-1][0])):
+        headers, tix = _rescan(seg)
     if headers:
         seg.next_offset = headers[-1].next_offset
         seg.last_ts = headers[-1].store_ts
         seg.last_position = headers[-1].apply_position
     seg.first_ts = tix[0][0] if tix else seg.last_ts
-    if start + valid != seg.size:
-        log.warning("segment %s: %d bytes past the last valid batch in a sealed segment",
-                    seg.file("log"), seg.size - start - valid)
     return seg
+
+
+def _rescan(seg: Segment) -> tuple[list, list]:
+    """The whole segment scanned: its index rebuilt if the batches are whole, else marked damaged."""
+    with open(seg.file("log"), "rb") as f:
+        data = f.read()
+    valid, headers = framing.scan_valid_prefix(data)
+    if valid != len(data):
+        seg.damaged = True
+        log.error("segment %s: batch at byte %d of %d fails its check (bit rot?): %d batches before it "
+                  "are readable; the segment will be repaired from a peer", seg.file("log"), valid,
+                  len(data), len(headers))
+        return headers, [(h.store_ts, h.base_offset) for h in headers[:1]]
+    idx, tix = index_entries(headers)
+    rewrite_index(seg, idx, tix)
+    log.warning("segment %s: its index did not match its batches; rebuilt from them", seg.file("log"))
+    return headers, tix
+
+
+def index_entries(headers, interval: int = 64 << 10) -> tuple[list, list]:
+    """The sparse offset and time index entries of these batches."""
+    idx, tix, since = [], [], interval
+    for h in headers:
+        if since >= interval:
+            idx.append((h.base_offset, h.position))
+            tix.append((h.store_ts, h.base_offset))
+            since = 0
+        since += h.size
+    return idx, tix
+
+
+def rewrite_index(seg: Segment, idx, tix) -> None:
+    """Replace a sealed segment's index files (written aside, synced, renamed)."""
+    for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
+        tmp = seg.file(ext) + ".rebuilt"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(st.pack(*p) for p in pairs))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, seg.file(ext))
+
+
+def check_segment(seg: Segment, size: int) -> tuple[bool, bool, list]:
+    """(batches whole, index consistent, headers) of the first ``size`` bytes of a
+    segment: the scrub's look at data nobody reads. Every index entry must name
+    a batch at its position (offset index) or its offset and store time (time index)."""
+    with open(seg.file("log"), "rb") as f:
+        data = f.read(size)
+    valid, headers = framing.scan_valid_prefix(data)
+    at = {(h.base_offset, h.position) for h in headers}
+    stamped = {(h.store_ts, h.base_offset) for h in headers}
+    idx = read_pairs(seg.file("idx"), IDX_ENTRY)
+    tix = read_pairs(seg.file("tix"), TIX_ENTRY)
+    index_ok = (all(e in at for e in idx if e[1] < valid) and all(e in stamped for e in tix if e[1] < seg.next_offset)
+                and idx == sorted(idx) and tix == sorted(tix))
+    return valid == len(data), index_ok, headers
 
 
 def recover_tail(path: str, base: int, index_interval: int) -> tuple[Segment, int, dict[int, tuple[int, int]]]:
@@ -156,11 +219,16 @@ def span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, 
     """(first, stop, next offset) of the batches ``read_segment`` would return."""
     if size == 0:
         return None
-    pos = index_position(idx, offset)
+    pos = start = index_position(idx, offset)
     first = stop = nxt = None
     with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
         while pos < size:
             h = framing.header_at(m, pos)
+            if pos == start and start:
+                h = framing.header_at(m, pos, verify=True)
+                if h.base_offset > offset:
+                    raise framing.CorruptBatch(start, f"the offset index of {seg.file('log')} points to "
+                                                      f"byte {start}, a batch past offset {offset}")
             if h.last_offset < offset:
                 # CRC-checked as _read_segment does: a bad header must never make
                 # a read jump over data (the reader checks only the span's batches).
@@ -177,7 +245,7 @@ def span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, 
 
 def read_segment(seg: Segment, fd: int, size: int, idx, offset: int,
                   max_bytes: int) -> bytes | memoryview:
-    pos = index_position(idx, offset)
+    pos = start = index_position(idx, offset)
     out: list[memoryview] = []
     total = 0
     hs = framing.BATCH_HEADER.size
@@ -192,6 +260,8 @@ def read_segment(seg: Segment, fd: int, size: int, idx, offset: int,
         # must never make a read silently jump over data.
         first = stop = None
         for h in framing.iter_batches(data[:end]):
+            if pos == start:
+                _landed(seg, start, h, offset)
             if h.last_offset < offset:
                 continue
             if total and total + h.size > max_bytes:
@@ -208,6 +278,14 @@ def read_segment(seg: Segment, fd: int, size: int, idx, offset: int,
     if len(out) == 1:
         return out[0].obj if len(out[0]) == len(out[0].obj) else out[0]
     return b"".join(out)
+
+
+def _landed(seg: Segment, start: int, h: framing.BatchHeader, offset: int) -> None:
+    """The first batch of a read that started where the offset index said must begin
+    at or before ``offset``: a corrupt index entry must never make a read skip records."""
+    if start and h.position == 0 and h.base_offset > offset:
+        raise framing.CorruptBatch(start, f"the offset index of {seg.file('log')} points to byte {start}, "
+                                          f"a batch past offset {offset}")
 
 
 def _whole_prefix(data: bytes) -> int:

@@ -152,6 +152,9 @@ class LeaseElection:
             self._note_echo(node, message)
             return kind == "lease_ack"
         if kind == "request_vote":
+            if self._recovering():
+                self.votes_ignored += 1
+                return True
             if not message.get("transfer") and self._heard_from_leader():
                 self.votes_ignored += 1
                 return True
@@ -198,11 +201,19 @@ class LeaseElection:
         echo = self._echo
         return echo[1] if echo is not None and echo[0] == term else None
 
+    def _recovering(self) -> bool:
+        """Entries this replica had were lost to bit rot (``DurableJournal.lost_through``):
+        it may have acknowledged them, so until it holds them again its vote could
+        elect a leader without them. It neither votes nor stands (alone it must)."""
+        j = getattr(self, "journal", None)
+        return (j is not None and j.lost_through > j.last_idx
+                and bool(self._SyncObj__otherNodes))
+
     def _log_position(self) -> tuple[int, int]:
         return self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex()
 
     def _answer_prevote(self, node, message) -> None:
-        granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader()
+        granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader() and not self._recovering()
                    and (message["last_log_term"], message["last_log_index"]) >= self._log_position())
         self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message["term"],
                                              "round": message.get("round"), "granted": granted,
@@ -229,6 +240,9 @@ class LeaseElection:
             return
         now = _now()
         if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+            return
+        if self._recovering():
+            self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
             return
         won = self._prevote_won == self.raftCurrentTerm + 1      # won for the term it would start
         if won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes:

@@ -136,6 +136,9 @@ class DurableJournal(Journal):
         # from another thread (``sync_behind``) holds it while it runs.
         self._io = threading.RLock()
         self.truncations = 0       # tail (or all) entries dropped: replies about them are void
+        # Entries up to this index were on disk past a record that failed its check
+        # (bit rot): until the log holds them again this replica must not vote.
+        self.lost_through = 0
         self._meta = self._load_meta()
         self._stored_commit = self._meta.get("commitIndex")
         self._active = self._meta.get("active", 0)
@@ -247,7 +250,46 @@ class DurableJournal(Journal):
                 self._entries.append(_Entry(self, idx, term))
                 self._ends.append(end)
                 pos = end
+            if self._entries and pos < size:
+                self.lost_through = self._entries_past(m, pos, self._entries[-1].idx + 1, floor, ceiling)
         self._bytes = pos
+        if self.lost_through:
+            log.error("journal %s: the record of entry %d fails its check (bit rot?) but entries up to %d "
+                      "follow it: they are dropped here, and this replica neither votes nor stands for "
+                      "election until the leader has sent them again", self.file_path,
+                      self.last_idx + 1, self.lost_through)
+
+    def _entries_past(self, m, pos: int, bad: int, floor: int, ceiling: int) -> int:
+        """After a record that does not read (entry ``bad``): the last index of live
+        records that follow it (0: none; ``pos`` is the journal's end, as after a torn
+        write). Found by the index field of the records after it, each checked whole."""
+        size, at = len(m), 0
+        for want in range(bad + 1, bad + 9):          # a few bad records in a row at most
+            key = _HEAD.pack(0, want, 0)[8:16]
+            hit = m.find(key, pos)
+            while hit != -1 and not at:
+                start = hit - _REC.size - 8
+                if start > pos and self._record_ok(m, start, size, want, floor, ceiling):
+                    at = start
+                hit = m.find(key, hit + 1) if not at else -1
+            if at:
+                break
+        if not at:
+            return 0
+        last, idx = 0, want
+        while at + _REC.size + _HEAD.size <= size and self._record_ok(m, at, size, idx, floor, ceiling):
+            last = idx
+            at += _REC.size + _REC.unpack_from(m, at)[0]
+            idx += 1
+        return last
+
+    def _record_ok(self, m, at: int, size: int, idx: int, floor: int, ceiling: int) -> bool:
+        n, crc = _REC.unpack_from(m, at)
+        end = at + _REC.size + n
+        if n < _HEAD.size or end > size:
+            return False
+        epoch, got, _ = _HEAD.unpack_from(m, at + _REC.size)
+        return got == idx and floor <= epoch <= ceiling and crc32c.crc32c(m[at + _REC.size:end], self._salt) == crc
 
     def _load_legacy(self) -> list[tuple[bytes, int, int]] | None:
         """Entries of a journal in the layout before epochs (``<name>.log``), if any."""

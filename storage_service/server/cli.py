@@ -48,6 +48,11 @@ def _parse(argv):
                    help="free space the data directory keeps: below it the node refuses produce "
                         "(RESOURCE_EXHAUSTED, retried by clients), takes no new entries as a follower "
                         "and hands the groups it leads to replicas with room; default 64 MiB")
+    n.add_argument("--scrub-interval", type=float, default=21_600.0,
+                   help="seconds between passes that read every segment the node holds and repair bit rot "
+                        "from peers (default 21600; 0: off)")
+    n.add_argument("--scrub-bytes-per-s", type=int, default=32 << 20,
+                   help="what a scrub pass reads per second at most (default 32 MiB)")
     n.add_argument("--max-parked-fetches", type=int, default=20_000,
                    help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")
     n.add_argument("--log-level", default="INFO")
@@ -118,7 +123,8 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,
                                   replication=args.replication_factor, repair_after=args.repair_after,
                                   max_requests=args.max_requests, max_parked_fetches=args.max_parked_fetches,
-                                  min_free_bytes=args.min_free_bytes,
+                                  min_free_bytes=args.min_free_bytes, scrub_interval=args.scrub_interval,
+                                  scrub_bytes_per_s=args.scrub_bytes_per_s,
                                   join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
                                   timing=RaftTiming(compaction_entries=args.compaction_entries)))
 

@@ -32,6 +32,7 @@ from .controller import Controller
 from .errors import NodeFull, NotLeader, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
+from .repair import Repair
 from .replicas import ReplicaSet
 from .upkeep import Upkeep
 
@@ -74,6 +75,8 @@ class NodeConfig:
     max_requests: int = 512             # handlers running or queued (server/dispatch.py)
     max_parked_fetches: int = 20_000    # long-polling fetches waiting for data, holding no thread
     min_free_bytes: int = 64 << 20      # below this free in data_dir: no new data (log/diskspace.py)
+    scrub_interval: float = 21_600.0    # seconds between scrub passes over every segment (0: off)
+    scrub_bytes_per_s: int = 32 << 20   # what a scrub reads per second at most
     join: tuple[str, ...] = ()          # a new node: nodes of the running cluster to join through
     timing: RaftTiming = field(default_factory=RaftTiming)
 
@@ -82,7 +85,7 @@ class NodeConfig:
         return self.addresses[self.node_id]
 
 
-class StorageNode(ReplicaSet, Upkeep):
+class StorageNode(ReplicaSet, Upkeep, Repair):
     def __init__(self, config: NodeConfig):
         """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
@@ -137,6 +140,7 @@ class StorageNode(ReplicaSet, Upkeep):
         self._controller = threading.Thread(target=self.controller.run, args=(self._stopping,),
                                             name="controller", daemon=True)
         self._controller.start()
+        self._start_repair()
 
     def _join_cluster(self, seeds) -> tuple[list[str], int]:
         """Ask the running cluster (through ``seeds``) to take this node in; the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 import zlib
 
@@ -227,15 +228,19 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
                           functools.partial(self._nothing_new, ql, request.offset))
         batches = b""
         max_bytes = min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES)
-        if (ql is not None and request.local_host and request.local_host == host_id()
-                and wanted is None and not request.max_messages):
-            # A client on this host reads the segment itself (storage_service.localread).
-            span = ql.locate(request.offset, max_bytes)
-            if span is not None:
-                return encode_fetch_response(b"", span.next_offset, ql.earliest, ql.next_offset,
-                                             self.node.config.address, span)
+        try:
+            if (ql is not None and request.local_host and request.local_host == host_id()
+                    and wanted is None and not request.max_messages):
+                # A client on this host reads the segment itself (storage_service.localread).
+                span = ql.locate(request.offset, max_bytes)
+                if span is not None:
+                    return encode_fetch_response(b"", span.next_offset, ql.earliest, ql.next_offset,
+                                                 self.node.config.address, span)
+            if ql is not None:
+                batches = ql.read_view(request.offset, max_bytes)
+        except framing.CorruptBatch as e:        # bit rot here: a healthy replica's copy (repair.py)
+            batches = self.node.healed_read(os.path.basename(ql.path), request.offset, max_bytes, e)
         if ql is not None:
-            batches = ql.read_view(request.offset, max_bytes)
             batches = self._cap_messages(batches, request.offset, request.max_messages)
             earliest, latest = ql.earliest, ql.next_offset
         nxt = framing.next_offset(batches, request.offset)
@@ -396,8 +401,14 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     @_guard
     def ReplicaFetch(self, request, context):
         check_replica_fetch(request)
-        data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
-                                      min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
+        try:
+            data = self.node.replica_read(request.queue_dir, request.offset, request.end_offset,
+                                          min(request.max_bytes or DEFAULT_FETCH_BYTES, MAX_FETCH_BYTES))
+        except framing.CorruptBatch as e:        # ask another replica; this one repairs its copy
+            self.node.queue_repair(request.queue_dir)
+            raise ServiceError(grpc.StatusCode.UNAVAILABLE,
+                               f"{request.queue_dir} offset {request.offset}: this replica's copy is corrupt "
+                               f"({e}); being repaired") from e
         return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=framing.next_offset(data, request.offset))
 
 

@@ -18,6 +18,11 @@ Usage::
     ...
     proc.kill(); proc.wait()
     report = drop_unsynced(undo_dir)       # then restart the process on data_dir
+    print(report.summary())
+
+The journal's paths are only hints: at the restore, each inode's current name
+is found by walking root (and the kept links in ``undo_dir``), so data undo
+follows files through later renames.
 
 Emulated
 --------
@@ -46,15 +51,19 @@ Emulated
   write. ``sync()`` and ``syncfs()`` make everything durable.
 * Names: a file created by ``O_CREAT`` (or a name made by ``link``/``linkat``)
   disappears at the crash unless its directory was fsynced afterwards, even if
-  its data was fsynced (POSIX; ext4 in practice commits the name with the
-  file's fsync). With the directory synced but not the data, it comes back with
-  its synced size. ``rename``/``renameat``/``renameat2`` of a regular file
-  within root is undone unless the directory of the new name was fsynced
-  afterwards: the old name comes back, and a file it replaced is back under
-  the new name (a hard link to it is kept in ``undo_dir`` until the directory
-  is synced). ``unlink``/``unlinkat``/``remove`` of a tracked file: the same
-  (hard link kept, name back unless the directory was synced). A directory
-  fsync is ``fsync``/``fdatasync`` of a descriptor of a directory under root.
+  its data was fsynced (POSIX). With the directory synced but not the data, it
+  comes back with its synced size (0 if never synced). ``rename``/
+  ``renameat``/``renameat2`` of a regular file within root is undone unless
+  the directory of the new name was fsynced afterwards: the old name comes
+  back, and a file it replaced is back under the new name (a hard link to it
+  is kept in ``undo_dir`` until the directory is synced). ``unlink``/
+  ``unlinkat``/``remove`` of a regular file: the same (hard link kept, name
+  back unless the directory was synced). A directory fsync is ``fsync``/
+  ``fdatasync`` of a descriptor of a directory under root.
+  ``drop_unsynced(names="ext4")`` is kinder, as ext4 (journaled) is in
+  practice: a successful ``fsync``, or ``fdatasync`` of a file whose size
+  changed since its last sync, commits the filesystem journal and with it every
+  create, rename and unlink made before it, in any directory.
 * Writeback (``writeback_s``): the kernel's periodic writeback. A thread in the
   process marks every change (data and names) older than ``writeback_s``
   seconds durable, about every ``writeback_s / 5`` (10-100 ms), as ext4's
@@ -79,21 +88,25 @@ Not emulated (call through, treated as durable at once or not seen at all)
   ``io_uring``, AIO, raw ``syscall()``; files opened by ``O_TMPFILE`` (and
   linked in later), or before the shim's constructor ran; other processes
   without the shim.
-* Partial durability within one call: a write either survives entirely (synced)
-  or is undone entirely; no torn sectors, no reordering between the data of
-  one file's unsynced writes (a crash keeps none of them), no lost fsync
-  errors. ``sync_file_range`` and ``msync`` sync nothing here.
+* Partial outcomes: an unsynced change is undone whole (no torn sectors or
+  pages, no subset of the unsynced writes surviving in some other order, which
+  a real disk may do); no failing fsync (EIO, lost writeback errors).
+  ``sync_file_range`` and ``msync`` sync nothing here.
 * A rename across two directories is durable when the new name's directory
-  is synced (whatever happened to the old one); an inode opened by another
-  process without the shim is not known, so its sync is only recorded when it
-  is under root (it always is for tracked files).
+  is synced (whatever happened to the old one's).
+* Bookkeeping is coarser than the minimum: every change records the size
+  before it and the pre-image of every byte it overwrites below that size
+  (also bytes appended since the last sync; harmless, a bit more journal), so
+  syncs racing with writes on other threads need no care.
 * The undo dir must be on root's filesystem (hard links); ``shim_env``
   checks it.
 
 Costs: per write to a tracked file, an ``fstat``, an ``fcntl(F_GETFL)``, a
 journal record (96 bytes + the pre-image of overwritten bytes) under one
 process-wide mutex held across the real write. Other descriptors (sockets,
-pipes, files outside root) go straight through after one table lookup.
+pipes, files outside root) go straight through after one table lookup; every
+``open`` resolves its directory (``realpath``). Meant for tests, not for
+benchmarks: the journal grows with every write.
 """
 from __future__ import annotations
 
@@ -182,10 +195,13 @@ class LossReport:
     """What ``drop_unsynced`` did. Paths are absolute."""
     journals: int = 0
     records: int = 0
-    truncated: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)  # path, size before, after
-    restored: list[tuple[str, int]] = dataclasses.field(default_factory=list)   # path, overwritten bytes put back
+    # (path, size at the crash, size now): cut back to the size of the last sync
+    truncated: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    # (path, bytes): overwritten bytes put back (their pre-image)
+    restored: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     removed: list[str] = dataclasses.field(default_factory=list)       # names created and not durable
-    renamed_back: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (new, old): rename undone
+    # (new, old): a rename undone
+    renamed_back: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     relinked: list[str] = dataclasses.field(default_factory=list)      # replaced/unlinked names back
     skipped: list[str] = dataclasses.field(default_factory=list)       # what could not be undone, and why
     bytes_dropped: int = 0      # bytes cut off past the synced sizes + overwritten bytes put back

@@ -69,7 +69,8 @@ enum {
                       inode's last sync (1/0): the inode's changes up to seq upto are durable */
     R_DIRSYNC = 4, /* v: dev, ino (of the directory), upto */
     R_SYNCALL = 5, /* v: upto, why (0 sync/syncfs, 1 writeback): everything up to upto is durable */
-    R_NEWNAME = 6, /* v: dir dev, dir ino, dev, ino, created (1: O_CREAT made the inode, 0: link) ; strs: path */
+    R_NEWNAME = 6, /* v: dir dev, dir ino, dev, ino, created (1: O_CREAT made the inode, 0: link);
+                      strs: path */
     R_RENAME = 7,  /* v: old dir dev/ino, new dir dev/ino, moved dev/ino, replaced dev/ino (0 0: none);
                       strs: old path, new path, kept link of the replaced file ("" if none) */
     R_UNLINK = 8,  /* v: dir dev, dir ino, dev, ino; strs: path, kept link ("" if none) */
@@ -104,6 +105,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int jfd = -1;
 static int jfailed;
 static uint64_t last_seq;
+static uint64_t last_change_seq; /* of the last change (data or name) recorded */
 static uint64_t global_synced; /* everything up to here is durable (sync(), writeback) */
 static int flusher_started;
 static __thread int in_shim;
@@ -320,6 +322,8 @@ static void emit(uint32_t type, uint64_t seq, const uint64_t *v, int nv, const c
         total += dlen;
     }
     h.total = total;
+    if (type == R_CHANGE || type == R_NEWNAME || type == R_RENAME || type == R_UNLINK)
+        last_change_seq = seq;
     if (write_all_v(fd, iov, cnt) != 0 && !jfailed) {
         jfailed = 1;
         warn("writing the undo journal failed: the emulation is incomplete from here on");
@@ -860,7 +864,8 @@ static int do_truncate(const char *p, off_t len, int is64)
     pthread_mutex_lock(&mu);
     struct stat st;
     struct inode *in = NULL;
-    if (raw_stat(full, &st) == 0 && S_ISREG(st.st_mode) && (in = inode_get(st.st_dev, st.st_ino, (uint64_t)st.st_size)))
+    if (raw_stat(full, &st) == 0 && S_ISREG(st.st_mode) &&
+        (in = inode_get(st.st_dev, st.st_ino, (uint64_t)st.st_size)))
         record_change(-1, full, in, (uint64_t)st.st_size, (uint64_t)len,
                       (uint64_t)st.st_size > (uint64_t)len ? (uint64_t)st.st_size - (uint64_t)len : 0);
     int r = CALL_TRUNC();
@@ -989,7 +994,7 @@ static void *flusher(void *arg)
         pthread_mutex_lock(&mu);
         uint64_t now = now_ns();
         uint64_t upto = now > writeback_ns ? now - writeback_ns : 0;
-        if (upto > global_synced && last_seq > global_synced && jfd >= 0)
+        if (upto > global_synced && last_change_seq > global_synced && jfd >= 0)
             sync_all(upto, 1);
         pthread_mutex_unlock(&mu);
         in_shim = 0;
@@ -1040,6 +1045,17 @@ static int do_open(int k, int dirfd, const char *p, int flags, mode_t mode)
     pthread_mutex_lock(&mu);
     struct stat st0;
     int existed = raw_lstat(full, &st0) == 0;
+    if (existed && !S_ISREG(st0.st_mode) && !S_ISLNK(st0.st_mode)) {
+        /* a directory, FIFO, device: not tracked (and a FIFO's open may block) */
+        pthread_mutex_unlock(&mu);
+        int fd = call_open(k, dirfd, p, flags, mode);
+        int e = errno;
+        if (fd >= 0)
+            fd_clear(fd);
+        in_shim = 0;
+        errno = e;
+        return fd;
+    }
     int trunc = (flags & O_TRUNC) && existed && S_ISREG(st0.st_mode) && st0.st_size > 0 &&
                 (flags & O_ACCMODE) != O_RDONLY;
     int fd = call_open(k, dirfd, p, trunc ? flags & ~O_TRUNC : flags, mode);
@@ -1258,7 +1274,10 @@ static int do_rename(int k, int od, const char *op, int nd, const char *np, unsi
 }
 
 EXPORT int rename(const char *o, const char *n) { return do_rename(RN_RENAME, AT_FDCWD, o, AT_FDCWD, n, 0); }
-EXPORT int renameat(int od, const char *o, int nd, const char *n) { return do_rename(RN_RENAMEAT, od, o, nd, n, 0); }
+EXPORT int renameat(int od, const char *o, int nd, const char *n)
+{
+    return do_rename(RN_RENAMEAT, od, o, nd, n, 0);
+}
 EXPORT int renameat2(int od, const char *o, int nd, const char *n, unsigned int flags)
 {
     return do_rename(RN_RENAMEAT2, od, o, nd, n, flags);
@@ -1343,7 +1362,10 @@ static int do_link(int k, int od, const char *op, int nd, const char *np, int fl
 }
 
 EXPORT int link(const char *o, const char *n) { return do_link(0, AT_FDCWD, o, AT_FDCWD, n, 0); }
-EXPORT int linkat(int od, const char *o, int nd, const char *n, int flags) { return do_link(1, od, o, nd, n, flags); }
+EXPORT int linkat(int od, const char *o, int nd, const char *n, int flags)
+{
+    return do_link(1, od, o, nd, n, flags);
+}
 
 /* ------------------------------------------------------------ init, fork */
 static void before_fork(void) { pthread_mutex_lock(&mu); }
