@@ -53,9 +53,11 @@ partition: $(STAMP)
 # The partition scenarios (leader cut off, majority/minority, bridge, node cut off,
 # flapping), one summary line each: acked lost duplicated reordered
 # replica_mismatches stale_reads max_unavailable_s ... Nodes in network namespaces.
+# Then the node scenarios (disk full, clock jumps, power loss, bit rot): the same counts.
 JEPSEN_SECONDS ?= 60
 jepsen: $(STAMP)
 	$(PY) -m tests.partition_harness --seconds $(JEPSEN_SECONDS) --fsync always
+	$(PY) -m tests.node_faults --seconds $(JEPSEN_SECONDS) --fsync always
 
 bench: $(STAMP) $(JARS)
 	$(PY) bench/produce.py

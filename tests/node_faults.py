@@ -20,6 +20,23 @@ what the scenario itself measured.
   Then the filler goes and node 2 catches up. Reports how long the hand-over
   took, what was acknowledged while node 2 was full, and whether any node
   stopped itself (it must not: a full disk is not a broken one).
+- ``clock``: every node runs under libfaketime (``tests/faults/clock.py``);
+  the metadata leader's wall clock steps back an hour, then forward a day,
+  then back to real time. A tier lease taken before must stay with its
+  holder (renewals keep its token and a 120 s expiry), the topic's 10-minute
+  retention must delete nothing, and per queue the store timestamps must not
+  go back, must lie within the run's real time, and timestamp seeks must
+  find exactly the first record at or after a stamp.
+- ``power-loss``: every node runs under the power-loss shim
+  (``tests/faults/unsynced.c``); a group's leader and one more node lose
+  power (SIGKILL, then what they wrote without syncing is dropped, POSIX
+  rules), later all three. With ``--fsync always`` nothing acknowledged may
+  be lost; ``--fsync none --writeback-s 5`` shows what that mode loses.
+- ``bit-rot``: all nodes are killed; a byte is flipped in a sealed segment
+  and in an offset index of a group's leader, and in a sealed segment and a
+  live raft journal record of a follower; all restart. Every replica's copy
+  must read back whole at once (healed reads), and the segments must be
+  repaired from peers (and the index rebuilt) within 60 s.
 """
 from __future__ import annotations
 
@@ -81,8 +98,8 @@ class _Run:
         self.prods: list[AckingProducer] = []
         self.t0 = 0.0
 
-    def start_workload(self) -> None:
-        self.client.create_topic(self.topic, queues=self.queues)
+    def start_workload(self, **config) -> None:
+        self.client.create_topic(self.topic, queues=self.queues, **config)
         by_group: dict[int, list[int]] = {}
         for q in range(self.queues):
             by_group.setdefault(self.client.group_of(self.topic, q), []).append(q)
@@ -376,12 +393,90 @@ def power_loss(run: _Run, seconds: float) -> None:
     time.sleep(seconds * 0.2)
 
 
+# --------------------------------------------------------------- clock jumps
+def _clock_cluster(*args, **kwargs):
+    from .faults.clock import ClockCluster, SteppableClock
+    return ClockCluster(*args, clocks={i: SteppableClock() for i in range(3)}, **kwargs)
+
+
+def _read_all(client, topic: str, q: int) -> list:
+    out, off = [], 0
+    while True:
+        got = client.fetch(topic, q, off, max_bytes=8 * MiB)
+        if not got.records:
+            return out
+        out += got.records
+        off = got.next_offset
+
+
+def _check_timestamps(run: _Run, since_ms: int) -> None:
+    """Per queue: store timestamps non-decreasing, within the real time of the run,
+    and a timestamp seek finds exactly the first record at or after a stamp."""
+    client, rep = run.client, run.report
+    regress = outside = seeks = wrong = 0
+    for q in range(run.queues):
+        recs = _read_all(client, run.topic, q)
+        until = int(time.time() * 1000) + 2000       # the producers go on meanwhile
+        stamps = [r.store_timestamp for r in recs]
+        regress += sum(1 for a, b in zip(stamps, stamps[1:]) if b < a)
+        off = [t for t in stamps if not since_ms - 2000 <= t <= until]
+        outside += len(off)
+        if off:
+            worst = max(off, key=lambda t: abs(t - since_ms))
+            rep.measured["ts_worst_s"] = f"{(worst - since_ms) / 1000:+.0f}"
+        for r in recs[::max(1, len(recs) // 10)]:
+            first = next(x.offset for x in recs if x.store_timestamp >= r.store_timestamp)
+            seeks += 1
+            wrong += client.offset_for_timestamp(run.topic, q, r.store_timestamp) != first
+    rep.measured.update(ts_regressions=regress, ts_outside_run=outside, ts_seeks=seeks, ts_seeks_wrong=wrong)
+    if regress or outside or wrong:
+        rep.problems.append(f"store timestamps: {regress} went back, {outside} outside the run's real "
+                            f"time, {wrong} of {seeks} timestamp seeks wrong")
+
+
+def clock_jumps(run: _Run, seconds: float) -> None:
+    """The metadata leader's clock steps back an hour, then forward a day; it leads a
+    data group too. Store timestamps, timestamp seeks, the topic's 10-minute
+    retention and a tier lease taken before the steps must not notice."""
+    cluster, client, rep = run.cluster, run.client, run.report
+    since = int(time.time() * 1000)
+    time.sleep(seconds * 0.2)
+    victim = leader_index(client, cluster, 0)
+    victim = 0 if victim is None else victim
+    rep.measured["stepped"] = f"node{victim}"
+    granted, _, _, token = client.lease(run.topic, "tier", "job-a", 120_000)
+    if not granted:
+        rep.problems.append("the tier lease was not granted before the clock steps")
+    clock = cluster.clocks[victim]
+    for step, share in ((-3600, 0.25), (86_400, 0.25)):
+        clock.step(step)
+        rep.faults.append(f"node {victim}'s clock stepped {step:+d} s (now {clock.offset:+.0f} s)")
+        time.sleep(seconds * share)
+        other, holder, expires, _ = client.lease(run.topic, "tier", "job-b", 60_000)
+        if other or holder != "job-a":
+            rep.problems.append(f"after a {step:+d} s step job-b took the lease job-a holds ({holder})")
+        renewed, _, expires, again = client.lease(run.topic, "tier", "job-a", 120_000)
+        left = expires - time.time() * 1000
+        if not renewed or again != token or not 100_000 <= left <= 125_000:
+            rep.problems.append(f"after a {step:+d} s step job-a's renewal: granted={renewed} "
+                                f"token kept={again == token} expires in {left / 1000:.0f} s (120 s asked)")
+    clock.reset()
+    rep.faults.append(f"node {victim}'s clock back to real time")
+    time.sleep(seconds * 0.1)
+    earliest = {o.queue: o.earliest for o in client.offsets(run.topic)}
+    if any(earliest.values()):
+        rep.problems.append(f"retention (10 min) deleted data while a clock was a day ahead: {earliest}")
+    _check_timestamps(run, since)
+
+
 SCENARIOS = {"disk-full": (disk_full, _disk_full_setup,
                            ["--min-free-bytes", str(RESERVE), "--segment-bytes", str(4 * MiB),
                             "--retention-interval", "1"]),
              "bit-rot": (bit_rot, None, ["--segment-bytes", str(160 << 10), "--scrub-interval", "3"]),
-             "power-loss": (power_loss, None, ["--segment-bytes", str(1 * MiB), "--compaction-entries", "500"])}
-CLUSTERS = {"power-loss": PowerCluster}
+             "power-loss": (power_loss, None, ["--segment-bytes", str(1 * MiB), "--compaction-entries", "500"]),
+             "clock": (clock_jumps, None, ["--retention-interval", "1", "--segment-bytes", str(128 << 10)])}
+CLUSTERS = {"power-loss": PowerCluster, "clock": _clock_cluster}
+TOPICS = {"clock": {"retention_ms": 600_000}}
 
 
 def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "always",
@@ -400,7 +495,7 @@ def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "
             with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
                 run = _Run(cluster, client, report)
                 run.disk = resource
-                run.start_workload()
+                run.start_workload(**TOPICS.get(name, {}))
                 t = threading.Thread(target=fault, args=(run, seconds), daemon=True)
                 t.start()
                 while t.is_alive():

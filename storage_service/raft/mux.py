@@ -13,7 +13,9 @@ transport on arrival.
 Wire (all nodes of a cluster run this code): ``FastTcpConnection`` frames
 (``u32 length | pickle``). The first frame on a connection is
 ``("hub", sender_address)``; after it, ``(group, message)`` for a raft
-message and ``None`` for a keep-alive. Both nodes of a pair connect out, so
+message and ``("clock", wall ms)`` (or ``None``, from older nodes) for a
+keep-alive: the sender's wall clock, from which ``cluster_time_ms`` takes
+the median of the nodes' clocks. Both nodes of a pair connect out, so
 a node that knows a peer reaches it even when the peer does not know it yet
 (a joining node); a message goes out on the outgoing connection when it is
 up, else on the incoming one. A peer is "connected" for its groups while
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import statistics
+import time
 
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
@@ -44,6 +48,8 @@ __all__ = ["MuxTransport", "RaftHub"]
 log = logging.getLogger(__name__)
 
 _HELLO = "hub"
+_CLOCK = "clock"           # ("clock", wall ms): sent as the keep-alive (older nodes drop it)
+CLOCK_FRESH_S = 10.0       # a peer's clock reading older than this is not used
 
 
 class _Conn:
@@ -90,6 +96,7 @@ class RaftHub:
         self._out: dict[str, _Conn] = {}
         self._in: dict[str, _Conn] = {}
         self._pending: set[_Conn] = set()          # accepted, hello not read yet
+        self._clocks: dict[str, tuple[float, float]] = {}   # peer -> (wall ms - monotonic ms, when)
         self._up: set[str] = set()
         self._last_try: dict[str, float] = {}
         self._last_ping = 0.0
@@ -149,9 +156,10 @@ class RaftHub:
             self._connect(peer, now)
         if now - self._last_ping >= self.timeout / 4:
             self._last_ping = now
+            wall = time.time() * 1000
             for c in list(self._out.values()) + list(self._in.values()):
                 if c.up:
-                    c.conn.send(None)               # also closes a connection silent past timeout
+                    c.conn.send((_CLOCK, wall))     # also closes a connection silent past timeout
             for c in list(self._pending):
                 if now - c.since > self.timeout:    # accepted, never said who it is
                     c.conn.disconnect()
@@ -212,6 +220,11 @@ class RaftHub:
         if frame is None:
             return                                  # keep-alive
         group, message = frame
+        if group == _CLOCK:
+            if isinstance(message, (int, float)):
+                now = monotonic_time()
+                self._clocks[c.peer] = (message - now * 1000, now)
+            return
         t = self._groups.get(group)
         if t is None:
             self.dropped += 1
@@ -238,6 +251,16 @@ class RaftHub:
             self._up.discard(peer)
         for t in list(self._groups.values()):
             t.peer_changed(peer, up)
+
+    def cluster_time_ms(self) -> int:
+        """The median of this node's wall clock and its peers' (each peer's last reading
+        carried forward on this node's monotonic clock): one node's clock stepping back
+        an hour or forward a day does not move it. This node's own clock alone when it
+        has heard no peer for ``CLOCK_FRESH_S``."""
+        now = monotonic_time()
+        readings = [time.time() * 1000]
+        readings += [diff + now * 1000 for diff, at in self._clocks.values() if now - at < CLOCK_FRESH_S]
+        return int(statistics.median(readings))
 
     def close(self) -> None:
         for c in list(self._out.values()) + list(self._in.values()) + list(self._pending):

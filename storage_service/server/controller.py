@@ -369,7 +369,7 @@ class Controller:
         return True
 
     def _rebalanced(self, index: int) -> bool:
-        self.node.meta_command(RequestRebalance(int(time.time() * 1000), done=index))
+        self.node.meta_command(RequestRebalance(self.node.now_ms(), done=index))
         log.info("controller: rebalance %d done", index)
         return False
 
@@ -386,7 +386,7 @@ class Controller:
                         a in gs.replicas for st in view.status.values() for gs in st.groups
                         if gs.group != META_GROUP and gs.leader == st.address):
                     continue             # the record or a group's leader still counts it
-                self.node.meta_command(SetNode(a, "removed", int(time.time() * 1000)))
+                self.node.meta_command(SetNode(a, "removed", self.node.now_ms()))
                 log.info("controller: node %s holds no replica any more: removed", a)
             elif state == "removed" and raft_address(a) in meta.members:
                 st = view.status.get(a)

@@ -183,6 +183,13 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self.states = {**self.states, g: st}
         self.groups = {**self.groups, g: raft}
 
+    def now_ms(self) -> int:
+        """The cluster's time (``RaftHub.cluster_time_ms``: the median of the nodes'
+        wall clocks): store timestamps, retention and leases follow it, so one node's
+        clock stepping back or forward does not move them."""
+        hub = self.raft_loop.hub
+        return hub.cluster_time_ms() if hub is not None else int(time.time() * 1000)
+
     # ------------------------------------------------------------ leadership
     def leader_of(self, group: int) -> str | None:
         raft = self.groups.get(group)
@@ -344,7 +351,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         if self.disk.low():
             raise NodeFull(self.disk.describe(self.config.address))
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                           int(time.time() * 1000), count, block)
+                           self.now_ms(), count, block)
         return g, self.committers[g].submit(item, len(block))
 
     def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:

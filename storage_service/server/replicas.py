@@ -222,7 +222,7 @@ class ReplicaSet:
                                f"answer ({e.strerror or e}); start it with rmq-storage node --listen "
                                f"{address} --join ...") from None
         self.record_initial_placement()
-        self.meta_command(SetNode(address, "active", int(time.time() * 1000)))
+        self.meta_command(SetNode(address, "active", self.now_ms()))
         self.change_replicas(META_GROUP, add=address)
         members, commit = self.raft_loop.call(raft.config_at_commit)
         return [grpc_address(m) for m in members], commit
@@ -231,7 +231,7 @@ class ReplicaSet:
         """``rmq cluster rebalance`` / ``decommission NODE`` / ``move GROUP NODE TO``
         (this node leads the metadata group)."""
         self.require_leader(META_GROUP)
-        now = int(time.time() * 1000)
+        now = self.now_ms()
         if action == "rebalance":
             index = self.meta_command(RequestRebalance(now))
             return f"rebalance {index} asked: replicas, then leaders, move until nodes differ by at most one"

@@ -67,7 +67,7 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
         if c.compacted_table:
             cfg["compacted_table"] = c.compacted_table
         self.node.check_queue_budget(cfg["name"], cfg["queues"])
-        created = self.node.meta_command(CreateTopic(cfg, int(time.time() * 1000)))
+        created = self.node.meta_command(CreateTopic(cfg, self.node.now_ms()))
         return rmq_pb2.CreateTopicResponse(config=config_to_pb(created))
 
     @_guard
@@ -110,7 +110,7 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
         archived = self.node.meta.watermark(cfg["name"], "archive")
         archive_earliest = self.node.meta.watermark(cfg["name"], "archive_earliest")
         compacted = self.node.meta.watermark(cfg["name"], "compaction")
-        job, job_expires = self.node.meta.lease(cfg["name"], "tier", int(time.time() * 1000))
+        job, job_expires = self.node.meta.lease(cfg["name"], "tier", self.node.now_ms())
         resp = rmq_pb2.DescribeTopicResponse(config=config_to_pb(cfg), tier_job=job,
                                              tier_job_expires_ms=job_expires)
         stats, leaders = {}, {}
@@ -356,7 +356,7 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
             raise invalid(f"ttl_ms={request.ttl_ms}: use 1-{MAX_LEASE_MS} to take or renew, "
                           "0 to release")
         granted, holder, expires, token = self.node.meta_command(
-            Lease(request.topic, request.kind, request.owner, request.ttl_ms, int(time.time() * 1000)))
+            Lease(request.topic, request.kind, request.owner, request.ttl_ms, self.node.now_ms()))
         return rmq_pb2.LeaseResponse(granted=granted, holder=holder, expires_ms=expires, token=token)
 
     # ----------------------------------------------------------------- status

@@ -54,7 +54,7 @@ class Upkeep:
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """On groups this node leads: propose prefix truncation and queue drops."""
-        now_ms = now_ms or int(time.time() * 1000)
+        now_ms = now_ms or self.now_ms()
         proposed = 0
         for g, st in self.states.items():
             raft = self.groups[g]
@@ -80,7 +80,7 @@ class Upkeep:
         A queue is looked at again only when its cleanable end moved or a
         kept tombstone's delete-retention ran out. Returns records dropped.
         """
-        now_ms = now_ms or int(time.time() * 1000)
+        now_ms = now_ms or self.now_ms()
         dropped = 0
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
