@@ -96,3 +96,24 @@ def test_disk_full_scenario_bounded(tmp_path):
     assert rep.acked > 0 and rep.ok, rep.summary()
     assert not rep.problems, rep.problems
     assert rep.measured["acked_while_full"] > 0
+
+
+def test_an_entry_whose_apply_meets_a_full_disk_is_applied_again_with_the_same_answers(small_disk):
+    """Apply of a two-batch entry: the first batch fits, the second meets ENOSPC.
+    The entry is applied again once space is freed (never skipped), and the batch
+    written the first time answers its first offsets again, without a second copy."""
+    from storage_service.statemachine.commands import Produce, ProduceItem
+    from storage_service.statemachine.data import DataState
+
+    st = DataState(os.path.join(small_disk.path, "queues"), fsync=False, segment_bytes=64 * MiB)
+    block = encode_values([b"v" * 1000] * 100)
+    filler = small_disk.fill(leave=len(block) * 3 // 2, name="other")
+    entry = Produce((ProduceItem("t~1~0", "", 0, 1000, 100, block),
+                     ProduceItem("t~1~1", "", 0, 1000, 100, block + block + block))).encode()
+    with pytest.raises(Shortage):
+        st.apply(7, entry)
+    assert st.queue("t~1~0").next_offset == 100 and st.queue("t~1~1").next_offset == 0
+    os.unlink(filler)
+    first, second = st.apply(7, entry)
+    assert first == (0, 100, 1000, False) and second[:2] == (0, 100)
+    assert st.queue("t~1~0").next_offset == 100 and st.queue("t~1~1").next_offset == 100

@@ -341,7 +341,10 @@ class QueueLog:
         return True
 
     def _roll(self) -> None:
-        self.sync()
+        try:
+            self.sync()
+        except OSError as e:           # whatever the errno: never retried (durability.py)
+            fatal(f"queue {self.path}: segment sync failed ({e})")
         if self.fsync_enabled:    # a sealed segment is read rarely: all of it leaves the cache
             drop_pages(self._wfd, 0, 0)
         self._new_segment(self.next_offset)
@@ -430,7 +433,14 @@ class QueueLog:
         """Round an offset down to the first offset of the batch holding it."""
         if offset >= self.next_offset:
             return offset
-        for h in framing.iter_batches(self.read(offset, 1), verify=False):
+        try:
+            data = self.read(offset, 1)
+        except framing.CorruptBatch as e:
+            # Runs in apply (retention's cut): rot must not stop the group. The cut
+            # stays at the offset itself here; the scrub finds and repairs the rot.
+            log.error("queue %s: cutting at %d, the batch holding it fails its check (%s)", self.path, offset, e)
+            return max(offset, self._earliest)
+        for h in framing.iter_batches(data, verify=False):
             return max(h.base_offset, self._earliest)
         return offset
 

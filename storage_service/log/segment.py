@@ -164,9 +164,10 @@ def check_segment(seg: Segment, size: int) -> tuple[bool, bool, list]:
     valid, headers = framing.scan_valid_prefix(data)
     at = {(h.base_offset, h.position) for h in headers}
     stamped = {(h.store_ts, h.base_offset) for h in headers}
+    end = headers[-1].next_offset if headers else seg.base     # what was read: appends go on
     idx = read_pairs(seg.file("idx"), IDX_ENTRY)
     tix = read_pairs(seg.file("tix"), TIX_ENTRY)
-    index_ok = (all(e in at for e in idx if e[1] < valid) and all(e in stamped for e in tix if e[1] < seg.next_offset)
+    index_ok = (all(e in at for e in idx if e[1] < valid) and all(e in stamped for e in tix if e[1] < end)
                 and idx == sorted(idx) and tix == sorted(tix))
     return valid == len(data), index_ok, headers
 
@@ -227,8 +228,8 @@ def span_in(fd: int, size: int, idx, offset: int, max_bytes: int) -> tuple[int, 
             if pos == start and start:
                 h = framing.header_at(m, pos, verify=True)
                 if h.base_offset > offset:
-                    raise framing.CorruptBatch(start, f"the offset index of {seg.file('log')} points to "
-                                                      f"byte {start}, a batch past offset {offset}")
+                    raise framing.CorruptBatch(start, f"the offset index points to byte {start}, "
+                                                      f"a batch past offset {offset}")
             if h.last_offset < offset:
                 # CRC-checked as _read_segment does: a bad header must never make
                 # a read jump over data (the reader checks only the span's batches).

@@ -57,6 +57,8 @@ from .mux import MuxTransport
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
 
 log = logging.getLogger(__name__)
+# A follower out of disk space gets heartbeats only for this long after it said so.
+NO_ROOM_PAUSE = 1.0
 _LEN = membership.SNAPSHOT_ENTRY
 
 
@@ -100,6 +102,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         self.disk = disk
         self.shortages = 0               # applies put off for want of space or descriptors
         self.refused_appends = 0         # appends not taken for want of space
+        self._no_room_until: dict = {}   # leader: follower node -> monotonic time its pause ends
         self._warned = 0.0
         self.state = state
         self.timing = timing
@@ -230,7 +233,28 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         self._warn(f"{self.disk.shortfall()}: not taking {len(message['entries'])} entries from the leader")
         SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, prev_idx))
         self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx + 1, success=True)
+        # The leader would send the whole backlog again with every heartbeat.
+        self._SyncObj__transport.send(node, {"type": "no_room", "term": message["term"]})
         return None
+
+    def _SyncObj__sendAppendEntries(self):
+        """Appends, except that a follower which said it has no room (``_no_room``) gets
+        only a heartbeat for ``NO_ROOM_PAUSE`` s: its entries go again after that."""
+        now = time.monotonic()
+        nxt = self._SyncObj__raftNextIndex
+        paused = [n for n, until in self._no_room_until.items() if until > now and n in nxt]
+        if not paused:
+            return SyncObj._SyncObj__sendAppendEntries(self)
+        end = self._SyncObj__getCurrentLogIndex() + 1
+        saved = {n: nxt[n] for n in paused}
+        for n in paused:
+            nxt[n] = end
+        try:
+            return SyncObj._SyncObj__sendAppendEntries(self)
+        finally:
+            for n in paused:
+                if nxt.get(n) == end:
+                    nxt[n] = saved[n]
 
     def _warn(self, what: str) -> None:
         now = time.monotonic()
@@ -239,11 +263,18 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             log.warning("group %d: %s", self.group_id, what)
 
     def _SyncObj__applyLogEntries(self):
+        waiting = self._SyncObj__commandsWaitingCommit
+        due = {i: waiting[i] for i in range(self.raftLastApplied + 1, self.raftCommitIndex + 1) if i in waiting}
         try:
             need_send = SyncObj._SyncObj__applyLogEntries(self)
         except Shortage as e:
-            # Not applied, not skipped: the entry is applied again next tick (apply
-            # is idempotent per queue), once space or descriptors are there.
+            # Not applied, not skipped: the entry is applied again next tick (its items
+            # already written answer as before: DataState._apply_item), once space or
+            # descriptors are there. pysyncobj took the entry's callbacks before it
+            # applied it: they go back, so its producers get their answers.
+            for i, callbacks in due.items():
+                if i > self.raftLastApplied and i not in waiting:
+                    waiting[i] = callbacks
             self.shortages += 1
             if self.disk is not None:
                 self.disk.met_shortage()
@@ -292,6 +323,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             return       # a reply earned in another term says nothing about this term's entries
         if message.get("type") == "next_node_idx" and message.get("success") and not message.get("reset"):
             return self._on_ack(node, message)
+        if message.get("type") == "no_room":
+            if message.get("term") == self.raftCurrentTerm:
+                self._no_room_until[node] = time.monotonic() + NO_ROOM_PAUSE
+            return
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
             if message.get("entries") and self.disk is not None and self.disk.low():
                 message = self._no_room(node, message)

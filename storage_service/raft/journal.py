@@ -289,6 +289,9 @@ class DurableJournal(Journal):
         if n < _HEAD.size or end > size:
             return False
         epoch, got, _ = _HEAD.unpack_from(m, at + _REC.size)
+        cut = self._meta.get("cut")
+        if cut and got >= cut[0] and epoch < cut[1]:
+            return False                         # dropped by a truncation, not live
         return got == idx and floor <= epoch <= ceiling and crc32c.crc32c(m[at + _REC.size:end], self._salt) == crc
 
     def _load_legacy(self) -> list[tuple[bytes, int, int]] | None:
@@ -427,6 +430,10 @@ class DurableJournal(Journal):
             # start exactly where a new one ends): reserved before anything changes.
             self._next_epoch()
             self.truncations += 1
+            # The dropped records stay in the file past the zeroed one: recorded, so a
+            # start never takes them for live entries behind a rotten record.
+            self._meta["cut"] = [self._entries[entryFrom].idx, self._epoch]
+            self._store_meta(durable=True)
             keep = self._ends[entryFrom - 1] if entryFrom > 0 else 0
             self._forget_from(self._entries[entryFrom].idx)
             del self._entries[entryFrom:]

@@ -255,12 +255,15 @@ class RaftHub:
     def cluster_time_ms(self) -> int:
         """The median of this node's wall clock and its peers' (each peer's last reading
         carried forward on this node's monotonic clock): one node's clock stepping back
-        an hour or forward a day does not move it. This node's own clock alone when it
-        has heard no peer for ``CLOCK_FRESH_S``."""
+        an hour or forward a day does not move it. With one peer heard the earlier of
+        the two; this node's own clock alone when it has heard no peer for
+        ``CLOCK_FRESH_S``."""
         now = monotonic_time()
         readings = [time.time() * 1000]
-        readings += [diff + now * 1000 for diff, at in self._clocks.values() if now - at < CLOCK_FRESH_S]
-        return int(statistics.median(readings))
+        readings += [diff + now * 1000 for diff, at in list(self._clocks.values()) if now - at < CLOCK_FRESH_S]
+        # Of two clocks the earlier: a step forward (which would make retention delete
+        # early and leases end early) never wins; three or more outvote any one.
+        return int(statistics.median(readings) if len(readings) >= 3 else min(readings))
 
     def close(self) -> None:
         for c in list(self._out.values()) + list(self._in.values()) + list(self._pending):

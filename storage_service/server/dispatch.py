@@ -124,7 +124,7 @@ class AsyncServer:
             try:
                 result = await self._run(fn, request, ctx)
                 if isinstance(result, Parked):
-                    if not await self._wait(result):
+                    if not await self._wait(result, ctx):
                         return result.nothing()
                     ctx.may_park = False
                     result = await self._run(fn, request, ctx, again=True)
@@ -147,9 +147,10 @@ class AsyncServer:
         finally:
             self.running -= 1
 
-    async def _wait(self, parked: Parked) -> bool:
+    async def _wait(self, parked: Parked, ctx: SyncContext) -> bool:
         """Wait for the data; False when the wait ended with nothing new."""
         if self.parked >= self.limits.max_parked:
+            ctx.trailing = ((RETRY_AFTER_METADATA_KEY, RETRY_AFTER_MS),)
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"node {self.name} is at its limit of {self.limits.max_parked} waiting fetches "
                          f"(--max-parked-fetches): fetch with a shorter wait_ms, or from another replica")
@@ -158,7 +159,10 @@ class AsyncServer:
         def wake() -> None:             # called by apply on a raft thread
             self.loop.call_soon_threadsafe(_settle, woken)
 
-        cancel = parked.park(wake)
+        try:
+            cancel = parked.park(wake)
+        except Exception:               # not hosted here any more, ...: the fetch runs again and says so
+            return True
         if cancel is None:              # the data came meanwhile
             return True
         self.parked += 1

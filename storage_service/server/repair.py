@@ -53,6 +53,8 @@ class Repair:
         self._to_repair: queue.Queue = queue.Queue()
         self._queued: set[str] = set()
         self._repair_lock = threading.Lock()
+        self._healed_logged: dict[str, float] = {}
+        self._repair_failed: set[str] = set()
         self.repairs = {"healed_reads": 0, "segments_repaired": 0, "indexes_rebuilt": 0, "scrubbed_bytes": 0}
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
@@ -70,7 +72,9 @@ class Repair:
     def healed_read(self, qname: str, offset: int, max_bytes: int, err: framing.CorruptBatch) -> bytes:
         """Batches from the one holding ``offset`` (about ``max_bytes``), from a peer:
         the local copy failed its check (``err``)."""
-        log.error("queue %s: %s; answering offset %d from a peer, repairing the segment", qname, err, offset)
+        if time.monotonic() - self._healed_logged.get(qname, -60.0) >= 10:      # once per 10 s a queue
+            self._healed_logged[qname] = time.monotonic()
+            log.error("queue %s: %s; answering offset %d from a peer, repairing the segment", qname, err, offset)
         self.queue_repair(qname)
         data = self.fetch_from_peers(qname, offset, offset + 1)
         if not data:
@@ -96,8 +100,13 @@ class Repair:
                 self._queued.discard(qname)
             try:
                 self.repair_queue(qname)
-            except Exception:
-                log.exception("repair of %s failed; retrying in 5 s", qname)
+                self._repair_failed.discard(qname)
+            except Exception as e:
+                if qname in self._repair_failed:
+                    log.warning("repair of %s failed again (%s); retrying in 5 s", qname, e)
+                else:
+                    self._repair_failed.add(qname)
+                    log.exception("repair of %s failed; retrying in 5 s", qname)
                 self._stopping.wait(5)
                 self.queue_repair(qname)
 

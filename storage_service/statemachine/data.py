@@ -78,6 +78,8 @@ class DataState:
         self.producers: dict[str, collections.OrderedDict] = {}
         self.lock = threading.Lock()
         self.parked: dict[str, list] = {}    # qdir -> [(offset, wake)]: fetches waiting for data
+        self._park_lock = threading.Lock()   # not self.lock: a queue's creation syncs directories under it
+        self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
         os.makedirs(root, exist_ok=True)
         for name in sorted(os.listdir(root)):
             if "~" in name and os.path.isdir(os.path.join(root, name)):
@@ -105,7 +107,8 @@ class DataState:
         if isinstance(cmd, Produce):
             # One raft entry may carry several batches, even for one queue;
             # each gets its own apply position (raft index, item number).
-            res = [self._apply_batch(apply_position(raft_index, i), item) for i, item in enumerate(cmd.items)]
+            res = [self._apply_item(apply_position(raft_index, i), item) for i, item in enumerate(cmd.items)]
+            self._applied_items.clear()
         elif isinstance(cmd, Truncate):
             q = self.queue(cmd.queue_dir)
             res = q.truncate_prefix(cmd.offset) if q is not None else 0
@@ -127,31 +130,35 @@ class DataState:
         """Call ``wake()`` (from the applying thread) once queue ``name`` holds a record
         at ``offset``, or is truncated or dropped; a long-polling fetch waits so without
         holding a thread (``server/dispatch.py``). Returns the cancel function, or None
-        when the record is there already (nothing registered)."""
+        when the record is there already (nothing registered).
+
+        Registered first, looked at after: apply appends, then looks for waiters, so
+        either it sees this one or this sees its record."""
         entry = (offset, wake)
-        with self.lock:
-            q = self.queues.get(name)
-            if q is not None and q.next_offset > offset:
-                return None
+        with self._park_lock:
             self.parked.setdefault(name, []).append(entry)
 
         def cancel() -> None:
-            with self.lock:
+            with self._park_lock:
                 waiting = self.parked.get(name)
                 if waiting and entry in waiting:
                     waiting.remove(entry)
                     if not waiting:
                         del self.parked[name]
+        q = self.queues.get(name)
+        if q is not None and q.next_offset > offset:
+            cancel()
+            return None
         return cancel
 
     def parked_count(self) -> int:
-        with self.lock:
+        with self._park_lock:
             return sum(map(len, self.parked.values()))
 
     def _wake(self, names, everyone: bool = False) -> None:
         """Wake the fetches parked on queues an entry grew (``everyone``: shrank or dropped)."""
         woken = []
-        with self.lock:
+        with self._park_lock:
             for name in names:
                 waiting = self.parked.get(name)
                 if not waiting:
@@ -169,6 +176,15 @@ class DataState:
                 wake()
             except Exception:              # a server stopping: its loop is closed
                 log.debug("waking a parked fetch failed", exc_info=True)
+
+    def _apply_item(self, position: int, item: ProduceItem):
+        """``_apply_batch`` once per item: an entry whose apply met a shortage part way
+        (``log/diskspace.py``) is applied again, and the items it already wrote answer
+        what they answered the first time."""
+        done = self._applied_items.get(position)
+        if done is None:
+            done = self._applied_items[position] = self._apply_batch(position, item)
+        return done
 
     def _apply_batch(self, position: int, item: ProduceItem):
         qname, producer, seq, store_ts, count = (item.queue_dir, item.producer_id, item.sequence,
