@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_clock_steps_on_the_metadata_leader(tmp_path):
-    rep = run_scenario("clock", str(tmp_path), seconds=15, log=lambda line: None)
+    rep = run_scenario("clock", str(tmp_path), seconds=12, log=lambda line: None)
     print(rep.summary())
     assert rep.acked > 0 and rep.ok, rep.summary()
     assert not rep.problems, rep.problems

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_power_loss_of_a_majority_loses_nothing_acknowledged(tmp_path):
-    rep = run_scenario("power-loss", str(tmp_path), seconds=15, log=lambda line: None)
+    rep = run_scenario("power-loss", str(tmp_path), seconds=12, log=lambda line: None)
     print(rep.summary())
     assert rep.acked > 0 and rep.ok, rep.summary()
     assert not rep.problems, rep.problems
