@@ -462,7 +462,7 @@ class QueueLog:
 
     def rebuild_index(self, seg: Segment, headers) -> None:
         """Rewrite a sealed segment's index files from its batches' headers."""
-        idx, tix = index_entries(headers, self.index_interval)
+        idx, tix, _ = index_entries(headers, self.index_interval)
         with self.lock:
             if seg is self.segments[-1]:
                 raise ValueError(f"segment {seg.file('log')} is active: seal it first")

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from ..protocol import framing
 
 __all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "check_segment", "finish_swaps",
-           "index_entries", "index_position", "open_sealed", "rewrite_index", "read_pairs", "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
+           "index_entries", "index_position", "open_sealed", "rewrite_index", "read_pairs", "read_segment",
+           "recover_tail", "segment_name", "span_in", "write_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +127,15 @@ def _rescan(seg: Segment) -> tuple[list, list]:
                   "are readable; the segment will be repaired from a peer", seg.file("log"), valid,
                   len(data), len(headers))
         return headers, [(h.store_ts, h.base_offset) for h in headers[:1]]
-    idx, tix = index_entries(headers)
+    idx, tix, _ = index_entries(headers)
     rewrite_index(seg, idx, tix)
     log.warning("segment %s: its index did not match its batches; rebuilt from them", seg.file("log"))
     return headers, tix
 
 
-def index_entries(headers, interval: int = 64 << 10) -> tuple[list, list]:
-    """The sparse offset and time index entries of these batches."""
+def index_entries(headers, interval: int = 64 << 10) -> tuple[list, list, int]:
+    """The sparse offset and time index entries of these batches, and the bytes
+    after the last offset-index entry."""
     idx, tix, since = [], [], interval
     for h in headers:
         if since >= interval:
@@ -141,7 +143,7 @@ def index_entries(headers, interval: int = 64 << 10) -> tuple[list, list]:
             tix.append((h.store_ts, h.base_offset))
             since = 0
         since += h.size
-    return idx, tix
+    return idx, tix, since
 
 
 def rewrite_index(seg: Segment, idx, tix) -> None:
@@ -191,13 +193,7 @@ def recover_tail(path: str, base: int, index_interval: int) -> tuple[Segment, in
             os.fsync(f.fileno())
     seg.size = valid
     # Rebuild both indexes from the scan: cheap, and they may be torn too.
-    idx, tix, since = [], [], index_interval
-    for h in headers:
-        if since >= index_interval:
-            idx.append((h.base_offset, h.position))
-            tix.append((h.store_ts, h.base_offset))
-            since = 0
-        since += h.size
+    idx, tix, since = index_entries(headers, index_interval)
     write_pairs(seg.file("idx"), IDX_ENTRY, idx)
     write_pairs(seg.file("tix"), TIX_ENTRY, tix)
     # apply position -> (base offset, store ts) of the tail's batches, so a
