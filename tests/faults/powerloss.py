@@ -115,6 +115,7 @@ import hashlib
 import os
 import stat
 import struct
+import shutil
 import subprocess
 from collections import defaultdict
 
@@ -149,7 +150,12 @@ def build_shim() -> str:
         pass
     os.makedirs(out_dir, exist_ok=True)
     tmp = f"{out}.{os.getpid()}.tmp"
-    res = subprocess.run(["gcc", *CFLAGS, "-o", tmp, SRC, *LIBS], capture_output=True, text=True)
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:                       # a fresh machine: Debian's compiler, as for the clock fix
+        from .clock import _apt_install
+        _apt_install(["gcc", "libc6-dev"], "building the power-loss shim")
+        cc = shutil.which("gcc") or "gcc"
+    res = subprocess.run([cc, *CFLAGS, "-o", tmp, SRC, *LIBS], capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"building the power-loss shim failed:\n{res.stderr}")
     os.replace(tmp, out)                 # concurrent builders: each rename is whole
