@@ -21,9 +21,9 @@ from ..protocol import framing
 from .diskspace import Shortage, is_shortage
 from .durability import drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
-from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, index_entries,
-                      open_sealed, read_pairs, read_segment, recover_tail, rewrite_index, segment_name, span_in,
-                      write_pairs)
+from .swaps import SegmentSwaps
+from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
+                      read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 8 << 20
 
 
-class QueueLog:
+class QueueLog(SegmentSwaps):
     """An append-only log of record batches for one queue.
 
     Thread-safety: one writer (the raft apply thread) and many readers; the
@@ -276,70 +276,6 @@ class QueueLog:
             n += 1
         return n
 
-    def replace_segment(self, seg: Segment, frames: list[bytes]) -> bool:
-        """Swap a sealed segment's batches for ``frames`` (compaction).
-
-        The frames must cover the same offset range (the segment's last record
-        kept). Written to ``.cleaned`` files first; returns False and changes
-        nothing when the segment was deleted (retention) in the meantime.
-        Readers holding the old file keep reading it (``read`` dups the fd).
-        """
-        cleaned = {ext: seg.file(ext) + ".cleaned" for ext in SEGMENT_FILES}
-        try:
-            idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
-            with open(cleaned["log"], "wb") as f:
-                for frame in frames:
-                    h = next(framing.iter_batches(frame, verify=False))
-                    if since >= self.index_interval:
-                        idx.append((h.base_offset, pos))
-                        tix.append((h.store_ts, h.base_offset))
-                        since = 0
-                    if first_ts < 0:
-                        first_ts = h.store_ts
-                    f.write(frame)
-                    since += len(frame)
-                    pos += len(frame)
-                f.flush()
-                os.fsync(f.fileno())
-            for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
-                write_pairs(cleaned[ext], st, pairs)
-                with open(cleaned[ext], "rb+") as f:
-                    os.fsync(f.fileno())
-        except BaseException:          # a full disk: no half-written file stays
-            for path in cleaned.values():
-                if os.path.exists(path):
-                    os.unlink(path)
-            raise
-        with self.lock:
-            if not any(s is seg for s in self.segments):
-                for path in cleaned.values():
-                    os.unlink(path)
-                return False
-            marker = os.path.join(self.path, f"{seg.base:020d}.swap")
-            open(marker, "wb").close()
-            fsync_dir(self.path)
-            for ext in SEGMENT_FILES:
-                os.replace(cleaned[ext], seg.file(ext))
-            os.unlink(marker)
-            fsync_dir(self.path)
-            seg.close()
-            seg.size = pos
-            seg.first_ts = first_ts
-            self._note_files()
-        return True
-
-    def repair_segment(self, seg: Segment, frames: list[bytes]) -> bool:
-        """Swap a sealed segment for a healthy replica's batches of its offset range
-        (bit rot; ``server/repair.py``); False if the segment went meanwhile."""
-        last = next(framing.iter_batches(frames[-1]))
-        if not self.replace_segment(seg, frames):
-            return False
-        with self.lock:
-            seg.next_offset = max(seg.next_offset, last.next_offset)
-            seg.last_ts, seg.last_position = last.store_ts, last.apply_position
-            seg.damaged = False
-        return True
-
     def _roll(self) -> None:
         try:
             self.sync()
@@ -443,30 +379,6 @@ class QueueLog:
         for h in framing.iter_batches(data, verify=False):
             return max(h.base_offset, self._earliest)
         return offset
-
-    def damaged(self) -> list[Segment]:
-        with self.lock:
-            return [seg for seg in self.segments if seg.damaged]
-
-    def seal_active(self) -> Segment | None:
-        """Roll the active segment now (it holds a bad batch or index entry: a sealed
-        segment can be swapped whole); the sealed one, or None if it is empty."""
-        with self.lock:
-            seg = self.segments[-1]
-            if seg.size == 0:
-                return None
-            if self._wfd is None:
-                self._open_writer()
-            self._roll()
-            return seg
-
-    def rebuild_index(self, seg: Segment, headers) -> None:
-        """Rewrite a sealed segment's index files from its batches' headers."""
-        idx, tix, _ = index_entries(headers, self.index_interval)
-        with self.lock:
-            if seg is self.segments[-1]:
-                raise ValueError(f"segment {seg.file('log')} is active: seal it first")
-            rewrite_index(seg, idx, tix)
 
     def reset(self, start: int) -> None:
         """Drop everything and continue empty at ``start`` (replica rebuild)."""
