@@ -264,7 +264,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
 
     def _SyncObj__applyLogEntries(self):
         waiting = self._SyncObj__commandsWaitingCommit
-        due = {i: waiting[i] for i in range(self.raftLastApplied + 1, self.raftCommitIndex + 1) if i in waiting}
+        # The few commands awaiting their commit, not a walk over every index to apply
+        # (after a restart that is the whole journal, on every tick until applied).
+        applied = self.raftLastApplied
+        due = {i: callbacks for i, callbacks in waiting.items() if i > applied}
         try:
             need_send = SyncObj._SyncObj__applyLogEntries(self)
         except Shortage as e:
