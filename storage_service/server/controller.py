@@ -158,7 +158,7 @@ def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
     """The next step towards even load, or None when balanced: ("replicas", g, the
     group's new replicas) moves one replica from a node with more to one with at
     least two fewer (the fullest and emptiest first); then ("leader", g, node)
-    moves one leadership the same way."""
+    moves one leadership (see _leader_step)."""
     replicas, leaders = view.load()
     size = view.node_bytes()
     for donor in sorted(replicas, key=lambda a: (-replicas[a], -size[a], a)):
@@ -169,14 +169,37 @@ def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
                 reps = view.record[g]
                 if donor in reps and taker not in reps:
                     return "replicas", g, [taker if a == donor else a for a in reps]
+    step = _leader_step(view, leaders)
+    return ("leader", *step) if step is not None else None
+
+
+def _leader_step(view: ClusterView, leaders: dict) -> tuple[int, str] | None:
+    """(group, new leader) of one leadership move towards even leaders, or None.
+
+    The node leading most looks for one leading at least two fewer along a chain
+    "x leads g, y is a replica of g" through nodes leading fewer than it (a
+    direct move may not exist: none of its groups has a replica on the emptiest
+    node). The chain's last hop goes first, so no node ever leads more than the
+    donor; the next pass finds the same chain one hop shorter. No chain from any
+    node means no single leadership move can even the leaders out further."""
     led = {g: view.group_report(g)[0] for g in view.record}
     for donor in sorted(leaders, key=lambda a: (-leaders[a], a)):
-        for taker in sorted(leaders, key=lambda a: (leaders[a], a)):
-            if leaders[donor] - leaders[taker] <= 1:
-                break
-            for g in sorted(view.record):
-                if led[g] == donor and taker in view.record[g]:
-                    return "leader", g, taker
+        came_from = {donor: None}
+        frontier = [donor]
+        while frontier:
+            nxt = []
+            for x in frontier:
+                for g in sorted(view.record):
+                    if led[g] != x:
+                        continue
+                    for y in sorted(view.record[g]):
+                        if y in came_from or y not in leaders or leaders[y] >= leaders[donor]:
+                            continue
+                        came_from[y] = (x, g)
+                        if leaders[donor] - leaders[y] >= 2:
+                            return g, y          # the chain's last hop: x hands g to y
+                        nxt.append(y)
+            frontier = nxt
     return None
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import initial_replicas
@@ -136,3 +138,48 @@ def test_a_swap_evens_data_without_changing_replica_counts():
         for gs in flat.status[a].groups:
             gs.bytes = even[gs.group]
     assert plan_swap(flat, even) is None                              # already even: nothing to do
+
+
+def _leader_steps(view):
+    """Apply leadership moves until the planner stops; the view at the end."""
+    for _ in range(1_000):
+        step = plan_rebalance(view)
+        if step is None:
+            return view
+        kind, g, target = step
+        assert kind == "leader" and target in view.record[g]
+        leaders = {h: view.group_report(h)[0] for h in view.record}
+        leaders[g] = target
+        view = _view(list(view.nodes), view.record, leaders)
+    raise AssertionError("leadership moves never settled")
+
+
+def test_leaders_even_out_through_a_chain_when_no_direct_move_exists():
+    """As CI saw after a rebalance (stop 28): n0 leads 3 groups, n4 one, and none
+    of n0's groups has a replica on n4; n1 -> n4 then n0 -> n1 evens it out."""
+    record = {1: ["n0", "n1", "n4"], 2: ["n0", "n1", "n3"], 3: ["n0", "n2", "n4"],
+              4: ["n0", "n1", "n2"], 5: ["n0", "n2", "n3"], 6: ["n0", "n3", "n4"],
+              7: ["n1", "n2", "n4"], 8: ["n2", "n3", "n4"], 9: ["n1", "n3", "n4"],
+              10: ["n1", "n2", "n3"]}                  # 6 replicas on each node
+    leaders = {1: "n1", 2: "n0", 3: "n2", 4: "n0", 5: "n0", 6: "n3", 7: "n1", 8: "n2",
+               9: "n4", 10: "n3"}                       # n0 3, n1-n3 2, n4 1
+    nodes = ["n0", "n1", "n2", "n3", "n4"]
+    view = _view(nodes, record, leaders)
+    kind, g, target = plan_rebalance(view)
+    assert kind == "leader" and target == "n4" and g in (1, 3, 7, 8)    # the chain's last hop first
+    end = _leader_steps(view)
+    led = collections.Counter(end.group_report(g)[0] for g in end.record)
+    assert max(led[a] for a in nodes) - min(led[a] for a in nodes) <= 1, led
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(3, 7), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_leader_moves_always_settle_within_one(n, per, rnd):
+    """Any placement the founding layout makes, any leaders: the planner stops with
+    leaders within one of each other, never moving a leadership off its replicas."""
+    nodes = [f"n{i}" for i in range(n)]
+    record = initial_replicas(nodes, n * per, 3)
+    leaders = {g: rnd.choice(r) for g, r in record.items()}
+    end = _leader_steps(_view(nodes, record, leaders))
+    led = collections.Counter(end.group_report(g)[0] for g in end.record)
+    assert max(led[a] for a in nodes) - min(led[a] for a in nodes) <= 1, led
