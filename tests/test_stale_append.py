@@ -122,3 +122,37 @@ def test_stale_snapshot_does_not_clear_acknowledged_entries(tmp_path):
         assert g.raftCommitIndex <= 4         # nothing past the snapshot is committed unverified
     finally:
         g.stop()
+
+
+def _unverified_commit(follower, transport, leader: TCPNode) -> int:
+    """The follower holds 2..4 of term 1 from an old leader (only 1 committed). The
+    term-3 leader, whose log was compacted past them, sends what pysyncobj sends
+    while its snapshot is not ready: no prevLogIdx, ``serialized`` None."""
+    transport.send = lambda node, msg: True
+    handle = follower._SyncObj__onMessageReceived
+    handle(leader, _append(1, 0, _entries(2, 4), commit=1))
+    handle(leader, {"type": "append_entries", "term": 3, "commit_index": 500, "serialized": None})
+    return follower._SyncObj__raftCommitIndex
+
+
+def test_vanilla_pysyncobj_commits_entries_it_never_matched():
+    me, *others = _addresses()
+    f = SyncObj(me, others, SyncObjConf(autoTick=False))
+    try:
+        assert _unverified_commit(f, f._SyncObj__transport, TCPNode(others[0])) == 4
+    finally:
+        f._doDestroy()
+
+
+def test_raft_group_commits_only_what_matches_the_leader(tmp_path):
+    """Found by the partition harness (``move``): a cut-off leader's last entry,
+    never committed, was applied after the heal, and its queue diverged."""
+    me, *others = _addresses()
+    g = RaftGroup(0, me, [me, *others], str(tmp_path), MetaState())
+    g._running = False
+    g._thread.join()
+    try:
+        assert _unverified_commit(g, g._SyncObj__transport, TCPNode(others[0])) == 1
+        assert g.raftCurrentTerm == 3                     # the rest of the message is taken
+    finally:
+        g.stop()

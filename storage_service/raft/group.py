@@ -339,6 +339,13 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
                 message = self._reconcile_append(node, message)
             elif message.get("serialized") is not None:
                 message = self._install_snapshot(node, message)
+            elif "prevLogIdx" not in message:
+                # pysyncobj's leader sends this while a snapshot's data is not ready
+                # ("serialized": None); its follower then takes the commit index up to
+                # its own last entry, never checked against the leader's log, and
+                # applies entries of an old term that were never committed. Raft
+                # commits only up to the last entry known to match the leader's.
+                message = self._heartbeat(message, self.raftCommitIndex)
             if message is None:
                 return
         SyncObj._SyncObj__onMessageReceived(self, node, message)
