@@ -53,7 +53,10 @@ setup(
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],
         # hypothesis: property-based fuzzing of every RPC and of the block parsers (issue 18)
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+        # moto[server]: a real S3-compatible server for the object-store tests (issue 21);
+        # deltalake: an independent reader of the archives the tests write there
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "moto[server]==5.2.5",
+                 "deltalake>=1.6"],
         "bench": ["nats-py>=2.6"],
         # Notebooks: executed by the test suite (nbclient) and plotted (matplotlib).
         "notebook": ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "matplotlib>=3.8"],

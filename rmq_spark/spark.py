@@ -1,7 +1,7 @@
-"""SparkSession set-up with Delta Lake from the project's ``jars/`` directory.
+"""SparkSession set-up with Delta Lake and S3A from the project's ``jars/`` directory.
 
-``make`` resolves the Delta jars with Maven into ``jars/`` (see jars/pom.xml),
-so no job downloads anything at run time.
+``make`` resolves the Delta and S3A jars with Maven into ``jars/`` (see
+jars/pom.xml), so no job downloads anything at run time.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["JARS_DIR", "delta_jars", "session_builder", "session_conf", "worker_python"]
+__all__ = ["JARS_DIR", "delta_jars", "s3a_conf", "session_builder", "session_conf", "worker_python"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "jars"))
@@ -36,6 +36,41 @@ def worker_python() -> str:
     return os.environ.get("PYSPARK_PYTHON") or sys.executable
 
 
+def s3a_conf(env=None) -> dict[str, str]:
+    """Hadoop S3A settings (``spark.hadoop.fs.s3a.*``) from the AWS environment, so
+    Spark reaches the same store as the Python side (``rmq_spark.fs``):
+
+    * ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (an S3-compatible store):
+      ``fs.s3a.endpoint`` and path-style access;
+    * ``AWS_REGION`` / ``AWS_DEFAULT_REGION``: ``fs.s3a.endpoint.region``;
+    * ``AWS_PROFILE``: the profile credentials provider joins S3A's default chain
+      (``fs.s3a.access.key`` settings, the ``AWS_*`` key variables, instance roles);
+    * always ``fs.s3a.input.stream.type=classic``: Hadoop 3.5's default stream
+      keeps state for every object a long-running job ever read (HADOOP-20058).
+
+    Keys are never put into the conf (it shows in Spark's UI and event logs): S3A
+    reads them from the environment itself. A conf set on the builder after this
+    one wins.
+    """
+    env = os.environ if env is None else env
+    conf = {"spark.hadoop.fs.s3a.input.stream.type": "classic"}
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = region
+    if env.get("AWS_PROFILE"):
+        conf["spark.hadoop.fs.s3a.aws.credentials.provider"] = ",".join((
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider",
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+            "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider",
+            "software.amazon.awssdk.auth.credentials.ProfileCredentialsProvider",
+            "org.apache.hadoop.fs.s3a.auth.IAMInstanceCredentialsProvider"))
+    return conf
+
+
 def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"):
     """A ``SparkSession.Builder`` with the Delta extension and catalog configured,
     and Python workers that run this interpreter (``worker_python``)."""
@@ -55,6 +90,8 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
          .config("spark.sql.shuffle.partitions", "4")
          .config("spark.ui.showConsoleProgress", "false"))
+    for k, v in s3a_conf().items():
+        b = b.config(k, v)
     return b.master(master) if master else b
 
 

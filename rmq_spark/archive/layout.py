@@ -68,7 +68,10 @@ def parse_tier(spec: str, what: str = "tier") -> Tier | None:
     if not sep or fmt not in FORMATS or not path:
         raise ValueError(f"{what}={spec!r}: expected FORMAT:PATH with FORMAT one of "
                          f"{', '.join(FORMATS)}, e.g. delta:/data/archive")
-    return Tier(fmt, path)
+    scheme, sep2, rest = path.partition("://")
+    if sep2 and scheme in ("s3", "s3n"):
+        path = f"s3a://{rest}"          # one name for Spark's Hadoop and for pyarrow (rmq_spark.fs)
+    return Tier(fmt, path.rstrip("/") if sep2 else path)
 
 
 def archive_frame(df):

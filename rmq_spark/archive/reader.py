@@ -16,16 +16,17 @@ rows of one queue and offset range (``read_files``).
 from __future__ import annotations
 
 import json
-import os
-import re
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .. import fs
+from .delta_log import replay as replay_log
+from .sink_log import committed_paths, file_uri
 from .errors import ArchiveError
 from .layout import DATA_COLUMNS, Tier
 
@@ -97,7 +98,7 @@ def delta_log(root: str) -> tuple[list[dict], dict] | None:
     """The live ``add`` actions and table configuration of the Delta table at ``root``
     (last classic checkpoint + later JSON commits); None if it has no log yet."""
     adds: dict[str, dict] = {}
-    if not _replay_delta_log(root, lambda action: _apply_action(action, adds)):
+    if not replay_log(root, lambda action: _apply_action(action, adds)):
         return None
     conf = adds.pop(_CONF_KEY, {})
     return list(adds.values()), conf
@@ -113,11 +114,11 @@ def delta_txn_version(root: str, app_id: str) -> int | None:
         if txn and txn.get("appId") == app_id:
             found.append(int(txn["version"]))
 
-    _replay_delta_log(root, note)
+    replay_log(root, note)
     return max(found, default=None)
 
 
-def delta_referenced_paths(root: str) -> set[str] | None:
+def delta_referenced_paths(root: str, listed: bool = True) -> set[str] | None:
     """Local paths of every file an ``add`` or a ``remove`` (a tombstone VACUUM has
     not passed yet) of the Delta table at ``root`` names, from the last checkpoint and
     later commits; None if it has no log yet."""
@@ -131,79 +132,21 @@ def delta_referenced_paths(root: str) -> set[str] | None:
         if "protocol" in action or "metaData" in action:
             _apply_action(action, scratch)      # refuses a table this reader cannot read
 
-    return paths if _replay_delta_log(root, note) else None
-
-
-def _replay_delta_log(root: str, apply) -> bool:
-    """Feed each action of the last checkpoint, then of each later commit, to
-    ``apply``; False when the table has no log."""
-    log_dir = os.path.join(root, "_delta_log")
-    if not os.path.isdir(log_dir):
-        return False
-    names = os.listdir(log_dir)
-    commits = sorted(int(n[:20]) for n in names if re.fullmatch(r"\d{20}\.json", n))
-    checkpoint, parts = _latest_checkpoint(log_dir, names)
-    if checkpoint is None and not commits:
-        return False
-    first = 0 if checkpoint is None else checkpoint + 1
-    later = [v for v in commits if v >= first]
-    if later != list(range(first, first + len(later))):
-        # e.g. log cleanup after a checkpoint kind not read here (v2, sidecars)
-        missing = min(set(range(first, later[-1])) - set(later))
-        after = "the table's start" if checkpoint is None else f"checkpoint {checkpoint}"
-        raise ArchiveError(f"{log_dir}: commit {missing} is missing (the log holds commits "
-                           f"{later[0]}-{later[-1]} after {after}); the rocketmq reader reads "
-                           "classic checkpoints and JSON commits only")
-    if checkpoint is not None:
-        for part in parts:
-            _checkpoint_actions(os.path.join(log_dir, part), apply)
-    for v in commits:
-        if checkpoint is not None and v <= checkpoint:
-            continue
-        with open(os.path.join(log_dir, f"{v:020d}.json"), encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    apply(json.loads(line))
-    return True
+    return paths if replay_log(root, note, listed=listed) else None
 
 
 def delta_file_path(root: str, add: dict) -> str:
+    """Where the file an ``add``/``remove`` action names is: a local path, or a URI
+    on the table's object store."""
     raw = add["path"]
     if "://" in raw or raw.startswith("file:"):
-        return unquote(urlparse(raw).path)
-    return os.path.join(root, unquote(raw))
+        return file_uri(raw)
+    return fs.join(root, unquote(raw))
 
 
 def _delta_files(root: str) -> list[ArchiveFile] | None:
     found = delta_log(root)
     return None if found is None else [_delta_file(root, a) for a in found[0]]
-
-
-def _latest_checkpoint(log_dir: str, names: list[str]) -> tuple[int | None, list[str]]:
-    by_version: dict[int, list[str]] = {}
-    for n in names:
-        m = re.fullmatch(r"(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet", n)
-        if m:
-            by_version.setdefault(int(m.group(1)), []).append(n)
-    for v in sorted(by_version, reverse=True):
-        parts = sorted(by_version[v])
-        m = re.fullmatch(r"\d{20}\.checkpoint\.\d+\.(\d+)\.parquet", parts[0])
-        if m is None or len(parts) == int(m.group(1)):   # single file, or every part present
-            return v, parts
-    return None, []
-
-
-def _checkpoint_actions(path: str, apply) -> None:
-    table = pq.read_table(path)
-    cols = set(table.column_names)
-    for action in ("protocol", "metaData", "add", "remove", "txn"):
-        if action not in cols:
-            continue
-        for value in table.column(action).to_pylist():
-            if value is not None:
-                if action == "add" and isinstance(value.get("partitionValues"), list):
-                    value["partitionValues"] = dict(value["partitionValues"])
-                apply({action: value})
 
 
 def _apply_action(action: dict, adds: dict[str, dict]) -> None:
@@ -262,42 +205,17 @@ def _parquet_sink_files(root: str) -> list[ArchiveFile] | None:
         return None
     out = []
     for path in paths:
-        if os.path.exists(path):            # removed by archive retention: gone on purpose
+        try:
             out.append(_footer_file(path, _partition_value(path, "topic")))
+        except FileNotFoundError:           # removed by archive retention: gone on purpose
+            continue
     return out
 
 
-def parquet_sink_paths(root: str) -> list[str] | None:
-    """Local paths of every file the Parquet file sink at ``root`` committed (latest
-    ``.compact`` + later batches), whether or not it still exists; None without a log."""
-    log_dir = os.path.join(root, "_spark_metadata")
-    if not os.path.isdir(log_dir):
-        return None
-    batches = {}
-    for n in os.listdir(log_dir):
-        m = re.fullmatch(r"(\d+)(\.compact)?", n)
-        if m:
-            batches[int(m.group(1))] = n
-    if not batches:
-        return None
-    compacts = [b for b, n in batches.items() if n.endswith(".compact")]
-    first = max(compacts) if compacts else 0
-    entries: dict[str, dict] = {}
-    for b in sorted(v for v in batches if v >= first):
-        with open(os.path.join(log_dir, batches[b]), encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-        if not lines or lines[0] != "v1":
-            raise ArchiveError(f"{log_dir}/{batches[b]}: unknown file sink log version "
-                               f"{lines[0] if lines else '(empty)'!r}")
-        for line in lines[1:]:
-            if line.strip():
-                e = json.loads(line)
-                path = unquote(urlparse(e["path"]).path)
-                if e.get("action") == "delete":
-                    entries.pop(path, None)
-                else:
-                    entries[path] = e
-    return list(entries)
+def parquet_sink_paths(root: str, listed: bool = False) -> list[str] | None:
+    """Every file the Parquet file sink at ``root`` committed, whether or not it
+    still exists; None without a log (``sink_log.committed_paths``)."""
+    return committed_paths(root, listed)
 
 
 def _partition_value(path: str, name: str) -> str | None:
@@ -308,7 +226,8 @@ def _partition_value(path: str, name: str) -> str | None:
 
 
 def _footer_file(path: str, topic: str | None) -> ArchiveFile:
-    md = pq.read_metadata(path)
+    store, at = fs.resolve(path)
+    md = pq.read_metadata(at, filesystem=store)
     idx = {md.schema.column(i).name: i for i in range(md.num_columns)}
     lo: dict[str, int] = {}
     hi: dict[str, int] = {}
@@ -340,6 +259,11 @@ def _stat_int(v) -> int:
 _READ_COLUMNS = list(DATA_COLUMNS)
 
 
+def _read_parquet(path: str, **kwargs) -> pa.Table:
+    store, at = fs.resolve(path)
+    return pq.read_table(at, filesystem=store, **kwargs)
+
+
 def read_files(files: list[str], topic: str, queue: int, lo: int, hi: int,
                schema: pa.Schema) -> pa.Table:
     """Rows of ``queue`` with offsets in [lo, hi) from ``files``, in offset order, as ``schema``."""
@@ -347,7 +271,7 @@ def read_files(files: list[str], topic: str, queue: int, lo: int, hi: int,
     filt = (pc.field("queue") == queue) & (pc.field("offset") >= lo) & (pc.field("offset") < hi)
     for path in files:
         try:
-            t = pq.read_table(path, columns=_READ_COLUMNS, filters=filt)
+            t = _read_parquet(path, columns=_READ_COLUMNS, filters=filt)
         except FileNotFoundError:
             continue                       # vacuumed since planning: the caller sees the gap
         if t.num_rows:
@@ -380,7 +304,7 @@ def offset_for_timestamp(qf: QueueFiles, queue: int, timestamp_ms: int) -> int |
     for f in qf.files:                      # offset order; store time is non-decreasing
         if f.max_ts_us < ts_us:
             continue
-        t = pq.read_table(f.path, columns=["queue", "offset", "timestamp"],
+        t = _read_parquet(f.path, columns=["queue", "offset", "timestamp"],
                           filters=pc.field("queue") == queue)
         ts = t.column("timestamp").cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_numpy()
         hit = t.column("offset").to_numpy()[ts >= ts_us]

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from rmq_spark import jobs
+from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client
@@ -76,13 +76,18 @@ class CompactSettings:
                                             "(--table PATH)")
             path = current.path
         else:
-            path = _checkpoint.local_path(table, "table", CompactionConfigError)
+            path = _checkpoint.location(table, "table", CompactionConfigError)
             if current is not None and current.path != path:
                 raise CompactionConfigError(f"topic {topic!r} is compacted into {current.path}, "
                                             f"not {path}; omit --table, or change it first "
                                             f"(`rmq topic alter {topic} --compacted-table {path}`)")
-        ckpt = (_checkpoint.local_path(checkpoint, "checkpoint", CompactionConfigError)
+        ckpt = (_checkpoint.location(checkpoint, "checkpoint", CompactionConfigError)
                 if checkpoint else _checkpoint.checkpoint_under(path, topic))
+        for where, what in ((path, "table"), (ckpt, "checkpoint")):
+            try:       # before anything is written anywhere (the topic's config included)
+                fs.check_writable(where, what)
+            except fs.StoreError as e:
+                raise CompactionConfigError(str(e)) from None
         if current is None:
             client.alter_topic(topic, compacted_table=f"delta:{path}")
         return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger)

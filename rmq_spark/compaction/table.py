@@ -13,8 +13,6 @@ milliseconds for a million keys on a local disk. Deletion vectors are off
 """
 from __future__ import annotations
 
-import os
-import re
 import zlib
 from dataclasses import dataclass
 
@@ -23,9 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rmq_spark import fs
+from rmq_spark.archive.delta_log import version as log_version
 from rmq_spark.archive.reader import delta_file_path, delta_log
 
-_COMMIT = re.compile(r"\d{20}\.json")
 
 __all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "TABLE_DDL", "bucket_of", "CompactedTable",
            "TableRow"]
@@ -56,7 +55,7 @@ class TableRow:
 
 
 class CompactedTable:
-    """Read access to a compacted table at ``path`` (a local directory)."""
+    """Read access to a compacted table at ``path`` (a local directory or a URI: rmq_spark.fs)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -65,15 +64,13 @@ class CompactedTable:
         self.buckets = DEFAULT_BUCKETS
 
     def exists(self) -> bool:
-        return os.path.isdir(os.path.join(self.path, "_delta_log"))
+        return log_version(self.path) is not None
 
     def _refresh(self) -> None:
-        # The newest commit file: every change to the table adds one. (Not the
-        # newest name of any kind: _staged_commits / _last_checkpoint sort last.)
-        try:
-            stamp = max(n for n in os.listdir(os.path.join(self.path, "_delta_log"))
-                        if _COMMIT.fullmatch(n))
-        except (FileNotFoundError, ValueError):
+        # The newest commit: every change to the table adds one (found without a
+        # listing: rmq_spark.archive.delta_log).
+        stamp = log_version(self.path)
+        if stamp is None:
             self._by_bucket, self._stamp = {}, None
             return
         if stamp == self._stamp:
@@ -91,7 +88,7 @@ class CompactedTable:
         """The latest value of ``key`` in the table; None if absent (or deleted)."""
         self._refresh()
         for path in self._by_bucket.get(bucket_of(key, self.buckets), []):
-            keys = pq.read_table(path, columns=["key"]).column("key")
+            keys = _read(path, columns=["key"]).column("key")
             hit = np.nonzero(pc.equal(keys, pa.scalar(key, pa.binary())).to_numpy(
                 zero_copy_only=False))[0]
             if len(hit):
@@ -104,7 +101,7 @@ class CompactedTable:
         out: list[TableRow] = []
         for paths in self._by_bucket.values():
             for path in paths:
-                t = pq.read_table(path, columns=_COLUMNS)
+                t = _read(path, columns=_COLUMNS)
                 keys = t.column("key").to_pylist()
                 idx = [i for i, k in enumerate(keys) if k.startswith(prefix)]
                 if idx:
@@ -113,8 +110,14 @@ class CompactedTable:
         return out[:limit] if limit is not None else out
 
 
+def _read(path: str, **kwargs) -> pa.Table:
+    store, at = fs.resolve(path)
+    return pq.read_table(at, filesystem=store, **kwargs)
+
+
 def _read_row(path: str, index: int) -> dict:
-    f = pq.ParquetFile(path)
+    store, at = fs.resolve(path)
+    f = pq.ParquetFile(at, filesystem=store)
     start = 0
     for rg in range(f.num_row_groups):
         n = f.metadata.row_group(rg).num_rows

@@ -7,9 +7,10 @@ offsets; ``commits/N`` appears once batch N is committed to the sink;
 ``metadata`` holds the query id. A job's query has one source, so line 3
 of ``offsets/N`` is ``{"topic": {"queue": next_offset}}``.
 
-Only local checkpoints (and archives, tables) are supported: a path or a
-``file:`` URI. A stable default lives under the job's output directory
-(``checkpoint_under``), so a rerun resumes.
+A checkpoint (like an archive or a table) is a local path, a ``file:`` URI
+or an object-store URI (``s3a://BUCKET/PREFIX``; ``rmq_spark.fs``). A stable
+default lives under the job's output location (``checkpoint_under``), so a
+rerun resumes.
 """
 from __future__ import annotations
 
@@ -19,39 +20,44 @@ import shutil
 import uuid
 from urllib.parse import urlparse
 
+from .. import fs
 from .errors import JobConfigError
 
-__all__ = ["local_path", "checkpoint_under", "latest_batch", "batch_end", "committed_end",
+__all__ = ["location", "checkpoint_under", "latest_batch", "batch_end", "committed_end",
            "query_id", "seed"]
 
 Positions = dict[int, int]
 
 
-def local_path(path: str, what: str, error: type[JobConfigError] = JobConfigError) -> str:
-    """A local absolute path from ``path`` or a ``file:`` URI; other schemes are refused
-    with ``error`` (the calling job's own ``JobConfigError``)."""
+def location(path: str, what: str, error: type[JobConfigError] = JobConfigError) -> str:
+    """Where a job reads or writes: a local absolute path (from a path or a ``file:``
+    URI), or an object-store URI with its bucket (``s3://`` and ``s3n://`` become
+    ``s3a://``, the name Spark's Hadoop knows). Anything else is refused with
+    ``error`` (the calling job's own ``JobConfigError``)."""
+    if not path:
+        raise error(f"{what} is empty: give a local directory or an s3a://BUCKET/PREFIX URI")
     if "://" in path or path.startswith("file:"):
         u = urlparse(path)
-        if u.scheme != "file":
-            raise error(f"{what} {path!r}: only local paths (or file: URIs) are "
-                        "supported by the Spark jobs")
-        path = u.path
-    if not path:
-        raise error(f"{what} is empty: give a local directory")
+        if u.scheme == "file":
+            path = u.path
+        elif u.scheme in fs.OBJECT_SCHEMES:
+            if not u.netloc:
+                raise error(f"{what} {path!r}: no bucket; expected {u.scheme}://BUCKET/PREFIX")
+            return fs.to_spark(path.rstrip("/"))
+        else:
+            raise error(f"{what} {path!r}: scheme {u.scheme!r} is not supported; use a local "
+                        f"path, file:, or one of {', '.join(s + '://' for s in fs.OBJECT_SCHEMES)}")
     return os.path.abspath(path)
 
 
 def checkpoint_under(home: str, topic: str) -> str:
     """``HOME/_rmq_checkpoints/TOPIC``: stable, so a rerun resumes. A name starting
     with ``_`` is invisible to Delta (VACUUM too) and to Parquet readers."""
-    return os.path.join(home, "_rmq_checkpoints", topic)
+    return fs.join(home, "_rmq_checkpoints", topic)
 
 
 def _batches(checkpoint: str, log: str) -> list[int]:
-    try:
-        names = os.listdir(os.path.join(checkpoint, log))
-    except FileNotFoundError:
-        return []
+    names = fs.list_names(fs.join(checkpoint, log)) or []
     return sorted(int(n) for n in names if n.isdigit())
 
 
@@ -63,9 +69,8 @@ def latest_batch(checkpoint: str, log: str = "commits") -> int | None:
 
 def batch_end(checkpoint: str, batch_id: int, topic: str) -> Positions:
     """End offsets of ``topic`` in micro-batch ``batch_id`` (from ``offsets/batch_id``)."""
-    path = os.path.join(checkpoint, "offsets", str(batch_id))
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    path = fs.join(checkpoint, "offsets", str(batch_id))
+    lines = fs.read_text(path).splitlines()
     if len(lines) < 3 or lines[0] != "v1":
         raise ValueError(f"{path}: not a v1 offset log entry with one source")
     source = lines[2].strip()
@@ -84,8 +89,7 @@ def committed_end(checkpoint: str, topic: str) -> tuple[int, Positions] | None:
 
 def query_id(checkpoint: str) -> str:
     """The streaming query's id: stable for the life of the checkpoint."""
-    with open(os.path.join(checkpoint, "metadata"), encoding="utf-8") as f:
-        return json.load(f)["id"]
+    return json.loads(fs.read_text(fs.join(checkpoint, "metadata")))["id"]
 
 
 def seed(checkpoint: str, batch_id: int, topic: str, end: Positions) -> None:
@@ -97,6 +101,8 @@ def seed(checkpoint: str, batch_id: int, topic: str, end: Positions) -> None:
     nothing while its offsets (and our watermark) moved on. A seeded
     checkpoint continues the archive's batch numbering instead.
     """
+    if not fs.is_local(checkpoint):
+        return _seed_in_place(checkpoint, batch_id, topic, end)
     if latest_batch(checkpoint, "offsets") is not None:
         raise ValueError(f"checkpoint {checkpoint} already has batches; it cannot be seeded")
     # Built aside and renamed into place: Spark never sees half a seed (an
@@ -105,15 +111,37 @@ def seed(checkpoint: str, batch_id: int, topic: str, end: Positions) -> None:
     os.makedirs(os.path.join(tmp, "offsets"))
     os.makedirs(os.path.join(tmp, "commits"))
     _write(os.path.join(tmp, "metadata"), json.dumps({"id": str(uuid.uuid4())}) + "\n")
-    source = json.dumps({topic: {str(q): int(end[q]) for q in sorted(end)}})
-    header = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}})
-    # Spark restarts from the latest batch only if the one before it is logged too.
-    for b in range(max(0, batch_id - 1), batch_id + 1):
-        _write(os.path.join(tmp, "offsets", str(b)), f"v1\n{header}\n{source}")
-        _write(os.path.join(tmp, "commits", str(b)), 'v1\n{"nextBatchWatermarkMs":0}')
+    for name, text in _seed_files(batch_id, topic, end):
+        _write(os.path.join(tmp, *name.split("/")), text)
     if os.path.isdir(checkpoint):        # started once but never planned a batch
         shutil.rmtree(checkpoint)
     os.rename(tmp, checkpoint)
+
+
+def _seed_files(batch_id: int, topic: str, end: Positions) -> list[tuple[str, str]]:
+    source = json.dumps({topic: {str(q): int(end[q]) for q in sorted(end)}})
+    header = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 0, "conf": {}})
+    out = []
+    # Spark restarts from the latest batch only if the one before it is logged too.
+    for b in range(max(0, batch_id - 1), batch_id + 1):
+        out.append((f"offsets/{b}", f"v1\n{header}\n{source}"))
+        out.append((f"commits/{b}", 'v1\n{"nextBatchWatermarkMs":0}'))
+    return out
+
+
+def _seed_in_place(checkpoint: str, batch_id: int, topic: str, end: Positions) -> None:
+    """A seed on an object store, where a folder cannot be renamed into place: the
+    logs first, ``metadata`` last. Spark writes ``metadata`` before anything else,
+    so a checkpoint without one is a seed cut short (or never started): it is
+    cleared and seeded again."""
+    if fs.exists(fs.join(checkpoint, "metadata")):
+        if latest_batch(checkpoint, "offsets") is not None:
+            raise ValueError(f"checkpoint {checkpoint} already has batches; it cannot be seeded")
+    for f, _, _ in list(fs.walk_files(checkpoint)):
+        fs.remove(f)
+    for name, text in _seed_files(batch_id, topic, end):
+        fs.write_bytes(fs.join(checkpoint, name), text.encode())
+    fs.write_bytes(fs.join(checkpoint, "metadata"), (json.dumps({"id": str(uuid.uuid4())}) + "\n").encode())
 
 
 def _write(path: str, text: str) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rmq_spark import jobs
+from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
 from rmq_spark.client import Client, NotFound
 from rmq_spark.jobs import AVAILABLE_NOW
-from rmq_spark.jobs.checkpoint import checkpoint_under, local_path
+from rmq_spark.jobs.checkpoint import checkpoint_under, location
 
 from .errors import TierConfigError
 
@@ -61,7 +61,7 @@ def resolve_tier(client: Client, topic: str, archive: str | None = None,
             raise TierConfigError(f"topic {topic!r} is tiered to {current}; format {format!r} "
                                   "does not match it")
         return current
-    path = local_path(archive, "archive", TierConfigError)
+    path = location(archive, "archive", TierConfigError)
     wanted = layout.Tier(format or (current.format if current and current.path == path
                                     else "delta"), path)
     if current is not None and current != wanted:
@@ -70,9 +70,20 @@ def resolve_tier(client: Client, topic: str, archive: str | None = None,
                               f"(`rmq topic alter {topic} --tier {wanted}`)")
     if wanted.format == "parquet":
         _check_parquet_owner(client, topic, wanted)
+    if apply:
+        check_location(wanted.path, "archive")
     if current is None and apply:
         client.alter_topic(topic, tier=str(wanted))
     return wanted
+
+
+def check_location(uri: str, what: str) -> None:
+    """Refuse, before anything is written, a location the job could not use (a
+    missing bucket, refused credentials), naming it."""
+    try:
+        fs.check_writable(uri, what)
+    except fs.StoreError as e:
+        raise TierConfigError(str(e)) from None
 
 
 def _check_parquet_owner(client: Client, topic: str, tier: layout.Tier) -> None:
@@ -113,7 +124,7 @@ class TierSettings:
             raise TierConfigError(f"vacuum retain {vacuum_retain_hours} h: use a number >= 0")
         if retention_check_s < 0:
             raise TierConfigError(f"retention check interval {retention_check_s} s: use >= 0")
-        ckpt = local_path(checkpoint, "checkpoint", TierConfigError) if checkpoint else None
+        ckpt = location(checkpoint, "checkpoint", TierConfigError) if checkpoint else None
         tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,

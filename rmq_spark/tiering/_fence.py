@@ -28,7 +28,7 @@ starts where the archive ends.
 """
 from __future__ import annotations
 
-import os
+from rmq_spark import fs
 
 from rmq_spark.archive.reader import delta_txn_version
 
@@ -74,10 +74,9 @@ def raise_fence(path: str, topic: str, token: int, append_empty) -> None:
 def check_resume(path: str, topic: str, checkpoint: str, token: int, pending: int | None) -> None:
     """Refuse to resume a checkpoint whose planned batch ``pending`` (not committed)
     was planned under another token than ``token``; then record ``token`` for it."""
-    marker = os.path.join(checkpoint, _TOKEN_FILE)
+    marker = fs.join(checkpoint, _TOKEN_FILE)
     try:
-        with open(marker, encoding="utf-8") as f:
-            before = int(f.read().strip() or 0)
+        before = int(fs.read_text(marker).strip() or 0)
     except FileNotFoundError:
         before = None
     if pending is not None and before is not None and before != token:
@@ -87,8 +86,4 @@ def check_resume(path: str, topic: str, checkpoint: str, token: int, pending: in
             f"that batch reached archive {path} cannot be told, so resuming could archive it "
             "twice. Start with a new (empty) checkpoint: it starts where the archive ends")
     if before != token:
-        os.makedirs(checkpoint, exist_ok=True)
-        tmp = marker + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(str(token))
-        os.replace(tmp, marker)
+        fs.write_bytes(marker, str(token).encode())

@@ -26,6 +26,7 @@ import re
 import threading
 from typing import Callable
 
+from rmq_spark import fs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_txn_version
 from rmq_spark.client import Client
@@ -34,7 +35,7 @@ from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
 
 from . import _fence
-from ._config import DEFAULT_VACUUM_RETAIN_HOURS, TierSettings
+from ._config import DEFAULT_VACUUM_RETAIN_HOURS, TierSettings, check_location
 from ._lease import LeaseLost, TierLease
 from ._retention import ArchiveRetention
 from ._watermark import archived_positions, queue_info, start_positions, sync_watermark
@@ -150,7 +151,8 @@ class _Run:
         self._legacy_done: int | None = None   # last batch committed under the pre-fence app id
         self._table_found = False              # the Delta archive has a log (it stays so)
         self.lease = TierLease(settings.endpoints, settings.topic,
-                               os.path.normpath(settings.checkpoint))
+                               os.path.normpath(settings.checkpoint) if fs.is_local(settings.checkpoint)
+                               else settings.checkpoint)
         self._lease_lost: LeaseLost | None = None
         self.finished = threading.Event()      # the monitor is done (watch)
         self.failure: BaseException | None = None
@@ -168,6 +170,8 @@ class _Run:
 
     def _start(self):
         s = self.s
+        check_location(s.tier.path, "archive")          # before anything is written anywhere
+        check_location(s.checkpoint, "checkpoint")
         with session_conf(self.spark, self._conf()):
             if s.tier.format == "delta":
                 _fence.raise_fence(s.tier.path, s.topic, self.lease.token, self._append_empty)
@@ -365,18 +369,12 @@ def _sink_latest_batch(tier: layout.Tier) -> int | None:
     """Latest batch id in a Parquet archive's file-sink log (None for Delta or no log)."""
     if tier.format != "parquet":
         return None
-    try:
-        names = os.listdir(os.path.join(tier.path, "_spark_metadata"))
-    except FileNotFoundError:
-        return None
+    names = fs.list_names(fs.join(tier.path, "_spark_metadata")) or []
     ids = [int(m.group(1)) for n in names if (m := re.fullmatch(r"(\d+)(\.compact)?", n))]
     return max(ids) if ids else None
 
 
 def _has_delta_log(path: str) -> bool:
     """Whether the Delta table at ``path`` has a first commit."""
-    log_dir = os.path.join(path, "_delta_log")
-    try:
-        return any(n.endswith(".json") or ".checkpoint" in n for n in os.listdir(log_dir))
-    except FileNotFoundError:
-        return False
+    names = fs.list_names(fs.join(path, "_delta_log")) or []
+    return any(n.endswith(".json") or ".checkpoint" in n for n in names)

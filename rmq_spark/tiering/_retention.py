@@ -34,6 +34,7 @@ import time
 from typing import Callable
 from dataclasses import dataclass
 
+from rmq_spark import fs
 from rmq_spark.archive import layout
 from rmq_spark.client import Client
 from rmq_spark.spark import session_conf
@@ -49,6 +50,7 @@ VACUUM_INTERVAL_S = 3600.0
 ORPHAN_MIN_AGE_H = 24.0
 _LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 _CANNOT_VACUUM_LITE = "DELTA_CANNOT_VACUUM_LITE"
+_VACUUM_LOGGING = "spark.databricks.delta.vacuum.logging.enabled"
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,10 @@ class ArchiveRetention:
         check_off = {"spark.databricks.delta.retentionDurationCheck.enabled": "false"}
         table = f"delta.`{self.tier.path}`"
         retain = f"RETAIN {self.vacuum_retain_hours} HOURS"
-        with session_conf(spark, check_off if short else {}):
+        # Delta logs VACUUM START/END by default except on S3 (for a consistency S3 has
+        # had since 2020): without them LITE and "one VACUUM an hour" have no history.
+        logged = {_VACUUM_LOGGING: "true"}
+        with session_conf(spark, {**logged, **(check_off if short else {})}):
             try:     # LITE: the files to delete come from the log, no listing of the table
                 spark.sql(f"VACUUM {table} LITE {retain}")
             except Exception as e:   # the log no longer covers the last vacuum: list it all
@@ -211,28 +216,29 @@ class ArchiveRetention:
 
         parquet = self.tier.format == "parquet"
         other_log = "_delta_log" if parquet else "_spark_metadata"
-        if os.path.exists(os.path.join(self.tier.path, other_log)):
+        if fs.exists(fs.join(self.tier.path, other_log)):
             log.warning("archive %s has a %s too (its format was switched?): not sweeping "
                         "topic %s", self.tier.path, other_log, self.topic)
             return 0
-        logged = (parquet_sink_paths if parquet else delta_referenced_paths)(self.tier.path)
+        logged = (parquet_sink_paths if parquet else delta_referenced_paths)(self.tier.path, listed=True)
         if logged is None:
             return 0
         marker = f"topic={self.topic}"
         committed = set()
         for p in logged:
-            _, found, rel = os.path.abspath(p).rpartition(os.sep + marker + os.sep)
+            p = os.path.abspath(p).replace(os.sep, "/") if fs.is_local(p) else p
+            _, found, rel = p.rpartition("/" + marker + "/")
             if found:
-                committed.add(rel.replace(os.sep, "/"))
+                committed.add(rel)
         if not committed:             # nothing of the topic committed yet: nothing to judge by
             return 0
-        top = os.path.join(self.tier.path, marker)
-        files = {}                            # path below topic=T/ -> (folder, name)
-        for folder, _, names in os.walk(top):
-            for name in names:
-                if name.endswith(".parquet") and not name.startswith((".", "_")):
-                    rel = os.path.relpath(os.path.join(folder, name), top)
-                    files[rel.replace(os.sep, "/")] = (folder, name)
+        top = fs.join(self.tier.path, marker)
+        files = {}                            # path below topic=T/ -> (uri, modified)
+        for uri, _, mtime in fs.walk_files(top):     # the sweep's one listing, once an hour
+            rel = uri[len(top):].lstrip("/").replace(os.sep, "/")
+            name = rel.rsplit("/", 1)[-1]
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                files[rel] = (uri, mtime)
         if not committed & files.keys():
             log.warning("archive %s: none of the %d files its log lists for topic %s is "
                         "under %s; not sweeping", self.tier.path, len(committed), self.topic,
@@ -242,23 +248,22 @@ class ArchiveRetention:
         # never a file this run may still be writing, whatever the retain
         older_than = min(time.time() - hours * 3600, self._created)
         removed = 0
-        for rel, (folder, name) in files.items():
-            if rel in committed:
+        for rel, (uri, mtime) in files.items():
+            if rel in committed or mtime >= older_than:
                 continue
-            path = os.path.join(folder, name)
             try:
-                if os.stat(path).st_mtime >= older_than:
+                if not fs.remove(uri):
                     continue
-                os.remove(path)
             except OSError as e:
-                if not isinstance(e, FileNotFoundError):
-                    log.warning("archive %s: cannot remove %s: %s", self.tier.path, path, e)
+                log.warning("archive %s: cannot remove %s: %s", self.tier.path, uri, e)
                 continue
             removed += 1
-            try:
-                os.remove(os.path.join(folder, f".{name}.crc"))
-            except OSError:
-                pass
+            if fs.is_local(uri):               # Hadoop's local checksum file beside it
+                folder, name = os.path.split(uri)
+                try:
+                    os.remove(os.path.join(folder, f".{name}.crc"))
+                except OSError:
+                    pass
         if removed:
             log.info("archive %s: removed %d files of topic %s that its log does not name "
                      "(older than %g h)", self.tier.path, removed, self.topic, hours)
@@ -268,9 +273,6 @@ class ArchiveRetention:
         removed = 0
         for f in expired:
             if f.max_ts_us < cutoff_ms * 1000:       # whole file expired
-                try:
-                    os.remove(f.path)
+                if fs.remove(f.path):                 # False: removed by an earlier pass
                     removed += 1
-                except FileNotFoundError:
-                    pass                              # removed by an earlier pass
         return removed

@@ -40,7 +40,7 @@ def sync_watermark(client: Client, topic: str, checkpoint: str, lease_token: int
     token, and a move under any other token is refused (FailedPrecondition).
     Returns the end offsets, or None when the checkpoint has no committed batch.
     """
-    done = _checkpoint.committed_end(_checkpoint.local_path(checkpoint, "checkpoint", TierConfigError), topic)
+    done = _checkpoint.committed_end(_checkpoint.location(checkpoint, "checkpoint", TierConfigError), topic)
     if done is None or not done[1]:
         return None
     end = done[1]

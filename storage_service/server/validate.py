@@ -24,6 +24,8 @@ GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
 LEASE_KINDS = ("tier",)
+# An archive or table on an object store: SCHEME://BUCKET/... (rmq_spark.fs.OBJECT_SCHEMES)
+_STORE_URI = r"(s3a|s3|s3n|gs|hdfs|abfs|abfss)://[^/]+"
 MAX_LEASE_MS = 86_400_000
 
 
@@ -54,14 +56,15 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
     if c.compacted_table and c.cleanup_policy != "compact":
         raise invalid(f"compacted_table={c.compacted_table!r}: topic {c.name!r} has cleanup policy "
                       f"{c.cleanup_policy or 'delete'}; only a compact topic has a compacted table")
-    if c.compacted_table and not re.match(r"^delta:(/|file:/)", c.compacted_table):
-        raise invalid(f"compacted_table={c.compacted_table!r}: use delta:PATH with an absolute PATH")
+    if c.compacted_table and not re.match(rf"^delta:(/|file:/|{_STORE_URI})", c.compacted_table):
+        raise invalid(f"compacted_table={c.compacted_table!r}: use delta:PATH with an absolute PATH "
+                      "or an object-store URI (delta:s3a://BUCKET/PREFIX)")
     if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
         raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
-    if c.tier and not re.match(r"^(delta|parquet):(/|file:/)", c.tier):
+    if c.tier and not re.match(rf"^(delta|parquet):(/|file:/|{_STORE_URI})", c.tier):
         # every job and reader must find the same archive, whatever its working directory
-        raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute (delta:PATH or "
-                      "parquet:PATH, e.g. delta:/data/archive)")
+        raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute or an object-store URI "
+                      "with a bucket (e.g. delta:/data/archive, delta:s3a://bucket/archive)")
 
 
 def messages_to_block(msgs) -> bytes:

@@ -1,5 +1,8 @@
 """Spark fixtures: one local SparkSession for the whole run (real Spark, real Delta, real cluster).
 
+The AWS environment points at a real S3-compatible server (``s3``) before the
+session starts, as a user's would at their store (tests/spark/test_s3_archive.py).
+
 ``local[2,4]``: two task threads and up to 4 attempts per task, so a test can
 inject a task failure and watch Spark retry it. Python workers run this
 interpreter (the venv), which has the package installed: ``format("rocketmq")``
@@ -15,7 +18,19 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory):
+def s3(tmp_path_factory):
+    """A real S3-compatible server (moto's) for the run; the AWS environment points at
+    it before Spark starts, so the JVM, its Python workers and the CLI reach it."""
+    from tests.s3server import S3Server
+
+    server = S3Server.start(str(tmp_path_factory.mktemp("s3")))
+    server.export()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark(s3, tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from rmq_spark.spark import session_builder
