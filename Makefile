@@ -26,10 +26,20 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	$(PY) -m rmq_spark._bytecode
 	touch $@
 
-# Delta Lake's JVM jars, resolved by Maven (cached in ~/.m2) into jars/.
-$(JARS): jars/pom.xml
+# The JVM jars: Delta Lake and Hadoop's S3A (with the AWS SDK modules it uses), resolved
+# by Maven (cached in ~/.m2) into jars/; then our Delta log store for S3 (jars/src),
+# compiled against Spark's own Hadoop (the pyspark wheel's jars).
+LOGSTORE_SRC := $(wildcard jars/src/io/rmqspark/delta/*.java)
+$(JARS): jars/pom.xml $(LOGSTORE_SRC) $(STAMP)
+	command -v javac >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless)
+	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
 	rm -f jars/*.jar
 	mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory=. -DexcludeTransitive=true
+	rm -rf build/logstore && mkdir -p build/logstore
+	javac -nowarn --release 17 -d build/logstore \
+	  -cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*:jars/*" \
+	  $(LOGSTORE_SRC)
+	jar cf jars/rmq-spark-logstore.jar -C build/logstore .
 	touch $@
 
 jars: $(JARS)

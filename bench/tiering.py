@@ -7,6 +7,13 @@ issue's targets::
     .venv/bin/python bench/tiering.py                     # 400k x 1 KiB, 10-20 minutes
     .venv/bin/python bench/tiering.py --quick             # smoke run, a few minutes
     .venv/bin/python bench/tiering.py --json bench/results/tiering.json
+    .venv/bin/python bench/tiering.py --store s3          # archives on a local S3 server
+
+``--store local`` (default) writes archives to a local disk; ``--store s3``
+to an S3-compatible server on loopback (moto's, ``tests/s3server.py``) through
+S3A and pyarrow, both rows and their peers, and adds the S3 requests each
+run made (counted from the server's access log): per tiering micro-batch,
+and per full-history read against the direct Delta read of the same table.
 
 1. Tiering throughput. A 3-node LocalCluster; ``repeats + 1`` topics of 8
    queues, each tiered to its own new Delta archive and filled with the same
@@ -74,11 +81,36 @@ def delta_rows(spark, path: str) -> int:
     return spark.read.format("delta").load(path).count()
 
 
-def fill_topics(client, root: str, args) -> list[str]:
+class Store:
+    """Where archives go: a local folder, or a bucket on an S3 server this run starts."""
+
+    def __init__(self, kind: str, local_root: str):
+        self.kind, self.server = kind, None
+        self.root = local_root
+        if kind == "s3":
+            from tests.s3server import S3Server
+            self.server = S3Server.start(os.path.join(local_root, "s3"))
+            self.server.export()              # before Spark starts: its JVM inherits it
+            self.server.create_bucket("bench")
+            self.root = "s3a://bench/run"
+
+    def path(self, name: str) -> str:
+        from rmq_spark import fs
+        return fs.join(self.root, name)
+
+    def requests(self) -> int:
+        return self.server.requests() if self.server else 0
+
+    def stop(self) -> None:
+        if self.server:
+            self.server.stop()
+
+
+def fill_topics(client, store: "Store", args) -> list[str]:
     """``repeats + 1`` tiered topics, each with the same ``--rows`` messages (untimed)."""
     topics = [f"tier-{i}" for i in range(args.repeats + 1)]
     for t in topics:
-        client.create_topic(t, queues=QUEUES, tier=f"delta:{os.path.join(root, 'ar-' + t)}",
+        client.create_topic(t, queues=QUEUES, tier=f"delta:{store.path('ar-' + t)}",
                             local_retention_ms=HOT_RETENTION_MS)
         produce(client, t, args.rows, args.size)
         check_produced(client, t, args.rows)
@@ -90,43 +122,50 @@ def batch_seconds(query) -> float:
     return sum(p["durationMs"].get("triggerExecution", 0) for p in query.recentProgress) / 1e3
 
 
-def measure_tiering(spark, root: str, args) -> dict:
+def measure_tiering(spark, root: str, store: Store, args) -> dict:
     """Part 1: tier_topic against a Parquet -> Delta copy of the same rows."""
     from rmq_spark.archive import layout
     from rmq_spark.client import Client
     from rmq_spark.tiering import tier_topic
     from storage_service.local import LocalCluster
 
-    log.info("part 1: LocalCluster (3 nodes, 4 groups), %d topics of %s x %d B",
-             args.repeats + 1, f"{args.rows:,}", args.size)
+    log.info("part 1: LocalCluster (3 nodes, 4 groups), %d topics of %s x %d B, archives in %s",
+             args.repeats + 1, f"{args.rows:,}", args.size, store.root)
     with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-tier")) as cluster, \
             Client(cluster.endpoints) as client:
-        ep, topics = cluster.endpoints, fill_topics(client, root, args)
-        staging = os.path.join(root, "staging")
+        ep, topics = cluster.endpoints, fill_topics(client, store, args)
+        staging = os.path.join(root, "staging")          # the copy's source: a local disk
         log.info("staging %s rows of %s as Parquet (untimed)", f"{args.rows:,}", topics[0])
         spark.read.format("rocketmq").option("endpoints", ep).option("topic", topics[0]) \
             .load().write.parquet(staging)
         pending, copies, split = list(topics), [], []     # split: (total s, in batches s)
+        requests = {"tiering": [], "copy": []}            # (requests, micro-batches) a run
 
         def tier() -> None:
-            t, t0 = pending.pop(0), time.perf_counter()
+            t, t0, r0 = pending.pop(0), time.perf_counter(), store.requests()
             q = tier_topic(spark, ep, t, trigger="available-now",
-                           checkpoint=os.path.join(root, "ck-" + t), progress=log.info)
+                           checkpoint=store.path("ck-" + t), progress=log.info)
             split.append((time.perf_counter() - t0, batch_seconds(q)))
+            requests["tiering"].append((store.requests() - r0, len(q.recentProgress)))
 
         def copy() -> None:
-            copies.append(os.path.join(root, f"copy-{len(copies)}"))
+            copies.append(store.path(f"copy-{len(copies)}"))
+            r0 = store.requests()
             (layout.archive_frame(spark.read.parquet(staging))
              .write.format("delta").partitionBy(*layout.PARTITION_COLUMNS).save(copies[-1]))
+            requests["copy"].append((store.requests() - r0, 1))
 
         out = alternate({"tiering": tier, "copy": copy}, args.rows, args.repeats)
-        for path in [os.path.join(root, "ar-" + t) for t in topics] + copies:
+        for path in [store.path("ar-" + t) for t in topics] + copies:
             if (got := delta_rows(spark, path)) != args.rows:
                 raise RuntimeError(f"{path} holds {got:,} rows, expected {args.rows:,}")
     timed = split[1:]                                     # [0] is the warm-up
     return {"rows": args.rows, **out,
             "tiering_batches": statistics.median(args.rows / b for _, b in timed),
-            "tiering_outside_batches_s": statistics.median(t - b for t, b in timed)}
+            "tiering_outside_batches_s": statistics.median(t - b for t, b in timed),
+            "requests": {k: {"per_run": statistics.median(r for r, _ in v[1:] or v),
+                             "batches": statistics.median(n for _, n in v[1:] or v)}
+                         for k, v in requests.items()}}
 
 
 def wait_trimmed(client, topic: str, timeout: float = 120.0) -> list:
@@ -140,14 +179,14 @@ def wait_trimmed(client, topic: str, timeout: float = 120.0) -> list:
     return offs
 
 
-def measure_history(spark, root: str, args) -> dict:
+def measure_history(spark, root: str, store: Store, args) -> dict:
     """Part 2: format("rocketmq") over a trimmed tiered topic against the archive alone."""
     from rmq_spark.client import Client
     from rmq_spark.tiering import tier_topic
     from storage_service.local import LocalCluster
 
     log.info("part 2: LocalCluster with 256 KiB segments, hot retention 1 ms")
-    topic, archive = "history", os.path.join(root, "ar-history")
+    topic, archive = "history", store.path("ar-history")
     with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-history"),
                       extra_args=HISTORY_CLUSTER_ARGS) as cluster, \
             Client(cluster.endpoints) as client:
@@ -174,14 +213,21 @@ def measure_history(spark, root: str, args) -> dict:
                "hot_log_rows": sum(o.latest - o.earliest for o in offs)}
         log.info("  %s rows: %s only in the archive, %s still in the hot log too",
                  f"{rows:,}", f"{out['only_in_archive']:,}", f"{out['hot_log_rows']:,}")
-        noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
-        out.update(alternate({"rocketmq": lambda: noop(rmq), "delta": lambda: noop(delta)},
-                             rows, args.repeats))
+        requests: dict[str, list[int]] = {"rocketmq": [], "delta": []}
+
+        def read(name: str, df) -> None:
+            r0 = store.requests()
+            df.write.format("noop").mode("overwrite").save()
+            requests[name].append(store.requests() - r0)
+
+        out.update(alternate({"rocketmq": lambda: read("rocketmq", rmq),
+                              "delta": lambda: read("delta", delta)}, rows, args.repeats))
+        out["requests"] = {k: statistics.median(v) for k, v in requests.items()}
     return out
 
 
-def render(tiering: dict, history: dict, size: int, load: dict) -> str:
-    head = (f"{'row':<36}{'rows':>9}{'msgs/s':>10}{'MB/s':>8}{'vs peer':>9}"
+def render(tiering: dict, history: dict, size: int, load: dict, store: str = "local") -> str:
+    head = (f"{'row (archives on ' + store + ')':<36}{'rows':>9}{'msgs/s':>10}{'MB/s':>8}{'vs peer':>9}"
             f"{'target':>8}  result")
     lines = [head, "-" * len(head)]
     for key, name, peer in ROWS:
@@ -200,12 +246,20 @@ def render(tiering: dict, history: dict, size: int, load: dict) -> str:
     lines.append(f"full history: {history['from_archive']:,} rows read from the archive "
                  f"({history['only_in_archive']:,} of them only there, trimmed from the hot "
                  f"log), {history['from_hot']:,} from the hot log")
+    if store == "s3":
+        rq, hq = tiering["requests"], history["requests"]
+        lines.append(
+            f"S3 requests: tier_topic {rq['tiering']['per_run']:,.0f} a run of "
+            f"{rq['tiering']['batches']:.0f} micro-batches "
+            f"(~{rq['tiering']['per_run'] / max(1, rq['tiering']['batches']):,.0f} a batch, job start "
+            f"included); the copy {rq['copy']['per_run']:,.0f}; full-history read "
+            f"{hq['rocketmq']:,.0f}, the direct Delta read {hq['delta']:,.0f}")
     lines.append(f"load average (1 min) at start {load['start']:.1f}, at end {load['end']:.1f}"
                  f" on {os.cpu_count()} cores")
     return "\n".join(lines)
 
 
-def plot(tiering: dict, history: dict, size: int, path: str) -> None:
+def plot(tiering: dict, history: dict, size: int, path: str, store: str = "local") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -225,7 +279,8 @@ def plot(tiering: dict, history: dict, size: int, path: str) -> None:
         ax.set_ylabel("MB/s of message values")
         ax.tick_params(axis="x", labelsize=8)
         ax.legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"rmq-spark tiering, {part['rows']:,} x {size} B, local[2]", fontsize=10)
+    fig.suptitle(f"rmq-spark tiering, {part['rows']:,} x {size} B, local[2], archives on {store}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -238,10 +293,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5,
                    help="timed rounds after the warm-up (default 5: runs vary by up to 1.5x here)")
     p.add_argument("--quick", action="store_true", help="40k messages, one repeat")
+    p.add_argument("--store", choices=("local", "s3"), default="local",
+                   help="archives on a local disk, or on an S3 server on loopback (moto)")
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--plot", default=os.path.join(BENCH_DIR, "results", "tiering.png"),
-                   help="bar chart PNG ('' for none)")
+    p.add_argument("--plot", default=None, help="bar chart PNG ('' for none; default "
+                   "bench/results/tiering.png, tiering-s3.png with --store s3)")
     a = p.parse_args(argv)
+    if a.plot is None:
+        a.plot = os.path.join(BENCH_DIR, "results", "tiering-s3.png" if a.store == "s3" else "tiering.png")
     if a.quick:
         a.rows, a.repeats = 40_000, 1
     return a
@@ -268,6 +327,7 @@ def main(argv=None) -> int:
 
     load = {"start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="rmq-bench-tier-") as root:
+        store = Store(args.store, root)
         spark = (session_builder("bench-tiering", master="local[2]")
                  .config("spark.ui.enabled", "false")
                  .config("spark.driver.memory", "4g")
@@ -277,14 +337,15 @@ def main(argv=None) -> int:
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            tiering = measure_tiering(spark, root, args)
-            history = measure_history(spark, root, args)
+            tiering = measure_tiering(spark, root, store, args)
+            history = measure_history(spark, root, store, args)
         finally:
             spark.stop()
+            store.stop()
     load["end"] = os.getloadavg()[0]
-    print(render(tiering, history, args.size, load))
+    print(render(tiering, history, args.size, load, args.store))
     if args.plot:
-        plot(tiering, history, args.size, args.plot)
+        plot(tiering, history, args.size, args.plot, args.store)
         log.info("chart saved to %s", args.plot)
     if args.json:
         write_json(args.json, {"tiering": tiering, "history": history}, load, args)

@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["OBJECT_SCHEMES", "StoreError", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
+__all__ = ["OBJECT_SCHEMES", "StoreError", "userinfo_refusal", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
            "read_text", "remove", "resolve", "size", "stamp", "to_spark", "walk_files", "write_bytes",
            "check_writable"]
 
@@ -41,6 +41,18 @@ _cache_lock = threading.Lock()
 
 class StoreError(OSError):
     """A location could not be used: what, where, and what to check."""
+
+
+def userinfo_refusal(uri: str) -> str | None:
+    """Why ``uri`` is refused if it carries credentials (``s3a://KEY:SECRET@bucket``:
+    they would show in configs, logs and plans), with them masked; else None."""
+    scheme, sep, rest = uri.partition("://")
+    host = rest.split("/", 1)[0]
+    if not sep or "@" not in host:
+        return None
+    masked = f"{scheme}://***@{host.rsplit('@', 1)[1]}/{rest.split('/', 1)[1] if '/' in rest else ''}"
+    return (f"{masked}: credentials in the URI are not supported (they would show in configs, "
+            "logs and plans); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
 
 
 def is_local(uri: str) -> bool:

@@ -14,6 +14,7 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 
+from rmq_spark import fs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import load_snapshot
 from rmq_spark.client import Client, Message
@@ -87,7 +88,8 @@ def footprint(client: Client, topic: str) -> Footprint:
     if d["tier"]:
         snap = load_snapshot(layout.parse_tier(d["tier"]))
         files = [f for f in (snap.files if snap else []) if f.topic in (None, topic)]
-    return Footprint(hot, sum(os.path.getsize(f.path) for f in files if os.path.exists(f.path)),
+    sizes = [fs.size(f.path) for f in files]        # None: removed by archive retention
+    return Footprint(hot, sum(n for n in sizes if n is not None),
                      len(files), msgs, {q["queue"]: q["archived"] for q in d["queue_info"]})
 
 

@@ -17,12 +17,19 @@ JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path
     os.path.abspath(__file__))), "jars"))
 
 
+# Our Delta log store for S3 (jars/src): a commit is a put that fails if the file exists.
+CONDITIONAL_LOG_STORE = "io.rmqspark.delta.ConditionalPutLogStore"
+_NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-logstore")
+
+
 def delta_jars() -> list[str]:
     """The Delta jars in ``JARS_DIR``; a clear error if they were never resolved."""
     jars = sorted(glob.glob(os.path.join(JARS_DIR, "*.jar")))
-    if not any(os.path.basename(j).startswith("delta-spark") for j in jars):
-        raise FileNotFoundError(f"no Delta jars in {JARS_DIR}: run `make jars` (Maven resolves "
-                                "jars/pom.xml), or point RMQ_SPARK_JARS at a folder holding them")
+    missing = [n for n in _NEEDED_JARS if not any(os.path.basename(j).startswith(n) for j in jars)]
+    if missing:
+        raise FileNotFoundError(f"{', '.join(missing)} not in {JARS_DIR}: run `make jars` (Maven "
+                                "resolves jars/pom.xml; the log store is built from jars/src), "
+                                "or point RMQ_SPARK_JARS at a folder holding them")
     return jars
 
 
@@ -92,6 +99,8 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
          .config("spark.ui.showConsoleProgress", "false"))
     for k, v in s3a_conf().items():
         b = b.config(k, v)
+    for scheme in ("s3a", "s3"):      # commits that cannot overwrite another driver's
+        b = b.config(f"spark.delta.logStore.{scheme}.impl", CONDITIONAL_LOG_STORE)
     return b.master(master) if master else b
 
 

@@ -29,8 +29,8 @@ def add_parsers(sub) -> None:
     ti = sub.add_parser("tier", help="archive a delete topic into Delta/Parquet (Spark streaming job)")
     ti.add_argument("topic")
     ti.add_argument("--archive", default=None,
-                    help="archive directory (default: the topic's tier config; recorded there "
-                         "if the topic has none)")
+                    help="archive directory or s3a://BUCKET/PREFIX (default: the topic's tier "
+                         "config; recorded there if the topic has none)")
     ti.add_argument("--format", choices=["delta", "parquet"], default=None,
                     help="archive format (default: the topic's, else delta)")
     _streaming_job_args(ti, "archive", "ARCHIVE")
@@ -40,7 +40,8 @@ def add_parsers(sub) -> None:
                                         "(Spark streaming job)")
     cp.add_argument("topic")
     cp.add_argument("--table", default=None,
-                    help="Delta table directory (default: the topic's; recorded there if none)")
+                    help="Delta table directory or s3a://BUCKET/PREFIX (default: the topic's; "
+                         "recorded there if none)")
     _streaming_job_args(cp, "compact", "TABLE")
     cp.add_argument("--buckets", type=int, default=32,
                     help="key buckets (partitions) of a new table, for point lookups")

@@ -41,6 +41,8 @@ def location(path: str, what: str, error: type[JobConfigError] = JobConfigError)
         if u.scheme == "file":
             path = u.path
         elif u.scheme in fs.OBJECT_SCHEMES:
+            if fs.userinfo_refusal(path):
+                raise error(f"{what} {fs.userinfo_refusal(path)}")
             if not u.netloc:
                 raise error(f"{what} {path!r}: no bucket; expected {u.scheme}://BUCKET/PREFIX")
             return fs.to_spark(path.rstrip("/"))

@@ -25,7 +25,7 @@ CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
 LEASE_KINDS = ("tier",)
 # An archive or table on an object store: SCHEME://BUCKET/... (rmq_spark.fs.OBJECT_SCHEMES)
-_STORE_URI = r"(s3a|s3|s3n|gs|hdfs|abfs|abfss)://[^/]+"
+_STORE_URI = r"(s3a|s3|s3n|gs|hdfs|abfs|abfss)://[^/@]+(/|$)"
 MAX_LEASE_MS = 86_400_000
 
 
@@ -51,20 +51,27 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
     if c.cleanup_policy and c.cleanup_policy not in CLEANUP_POLICIES:
         raise invalid(f"cleanup_policy={c.cleanup_policy!r}: allowed {', '.join(CLEANUP_POLICIES)}")
     if c.tier and c.cleanup_policy == "compact":
-        raise invalid(f"tier={c.tier!r}: topic {c.name!r} has cleanup policy compact; tiering archives "
+        raise invalid(f"tier={_masked(c.tier)!r}: topic {c.name!r} has cleanup policy compact; tiering archives "
                       "delete topics (a compact topic's table is its compacted_table)")
     if c.compacted_table and c.cleanup_policy != "compact":
-        raise invalid(f"compacted_table={c.compacted_table!r}: topic {c.name!r} has cleanup policy "
+        raise invalid(f"compacted_table={_masked(c.compacted_table)!r}: topic {c.name!r} has cleanup policy "
                       f"{c.cleanup_policy or 'delete'}; only a compact topic has a compacted table")
     if c.compacted_table and not re.match(rf"^delta:(/|file:/|{_STORE_URI})", c.compacted_table):
-        raise invalid(f"compacted_table={c.compacted_table!r}: use delta:PATH with an absolute PATH "
-                      "or an object-store URI (delta:s3a://BUCKET/PREFIX)")
+        raise invalid(f"compacted_table={_masked(c.compacted_table)!r}: use delta:PATH with an "
+                      "absolute PATH or an object-store URI without credentials "
+                      "(delta:s3a://BUCKET/PREFIX)")
     if c.tier and not re.match(r"^(delta|parquet):.+", c.tier):
-        raise invalid(f"tier={c.tier!r}: use delta:PATH or parquet:PATH")
+        raise invalid(f"tier={_masked(c.tier)!r}: use delta:PATH or parquet:PATH")
     if c.tier and not re.match(rf"^(delta|parquet):(/|file:/|{_STORE_URI})", c.tier):
         # every job and reader must find the same archive, whatever its working directory
-        raise invalid(f"tier={c.tier!r}: the archive PATH must be absolute or an object-store URI "
-                      "with a bucket (e.g. delta:/data/archive, delta:s3a://bucket/archive)")
+        raise invalid(f"tier={_masked(c.tier)!r}: the archive PATH must be absolute or an object-store "
+                      "URI with a bucket and no credentials (e.g. delta:/data/archive, "
+                      "delta:s3a://bucket/archive)")
+
+
+def _masked(spec: str) -> str:
+    """A tier or table spec with any credentials in its URI masked."""
+    return re.sub(r"://[^/@]*@", "://***@", spec)
 
 
 def messages_to_block(msgs) -> bytes:

@@ -219,6 +219,60 @@ def test_compaction_into_a_table_on_s3_and_rmq_get(spark, client, endpoints, s3)
     assert "testing" not in out.stdout + out.stderr                  # no key shown
 
 
+_APPENDS = """
+import sys
+from rmq_spark.spark import session_builder
+spark = session_builder("racer", master="local[1]").config("spark.ui.enabled", "false").getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+for i in range(int(sys.argv[2])):
+    spark.createDataFrame([("racer", i)], "who string, i int").write.format("delta") \
+        .mode("append").save(sys.argv[1])
+spark.stop()
+"""
+
+
+def test_delta_commits_on_s3_from_two_drivers_never_overwrite_each_other(spark, s3, tmp_path):
+    """Delta's own S3 log store is safe only within one JVM: two drivers committing
+    version N both succeed and one commit is lost. Ours (jars/src) commits with a
+    put-if-absent, so the loser retries as Delta does on any other store."""
+    from py4j.protocol import Py4JJavaError
+    s3.create_bucket("commits")
+    jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()
+    store = jvm.io.rmqspark.delta.ConditionalPutLogStore(conf)
+    path = jvm.org.apache.hadoop.fs.Path("s3a://commits/t/_delta_log/00000000000000000000.json")
+
+    def lines(*text):
+        out = jvm.java.util.ArrayList()
+        for t in text:
+            out.add(t)
+        return out.iterator()
+
+    store.write(path, lines('{"first":1}'), False, conf)
+    with pytest.raises(Py4JJavaError, match="FileAlreadyExistsException"):
+        store.write(path, lines('{"second":2}'), False, conf)
+    assert fs.read_text("s3a://commits/t/_delta_log/00000000000000000000.json") == '{"first":1}\n'
+    assert spark.conf.get("spark.delta.logStore.s3a.impl") == "io.rmqspark.delta.ConditionalPutLogStore"
+
+    # Two drivers appending to one table at once: every append is in the table.
+    table, n = "s3a://commits/race", 12
+    spark.createDataFrame([("test", -1)], "who string, i int").write.format("delta").save(table)
+    racer = subprocess.Popen([sys.executable, "-c", _APPENDS, table, str(n)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for i in range(n):
+            spark.createDataFrame([("test", i)], "who string, i int").write.format("delta") \
+                .mode("append").save(table)
+        out, _ = racer.communicate(timeout=300)
+        assert racer.returncode == 0, out[-4000:]
+    finally:
+        racer.kill()
+    from deltalake import DeltaTable
+    t = DeltaTable(table.replace("s3a://", "s3://", 1))
+    rows = sorted(zip(*(t.to_pyarrow_table().column(c).to_pylist() for c in ("who", "i"))))
+    assert rows == sorted([("racer", i) for i in range(n)] + [("test", i) for i in range(-1, n)])
+    assert t.version() == 2 * n                     # one commit each, none overwritten
+
+
 def test_a_missing_bucket_is_refused_naming_the_uri_and_nothing_is_written(spark, client,
                                                                             endpoints, s3):
     topic = "s3-no-bucket"
@@ -270,3 +324,17 @@ def test_wrong_credentials_are_refused_naming_the_uri_and_nothing_is_written(cli
         assert listing.strip() == "['s3a://locked/keep']"
     finally:
         server.stop()
+
+
+def test_credentials_in_a_uri_are_refused_and_never_echoed(spark, client, endpoints):
+    from rmq_spark.client.errors import InvalidArgument
+    topic = "s3-userinfo"
+    client.create_topic(topic, queues=QUEUES)
+    with pytest.raises(TierConfigError) as e:
+        tier_topic(spark, endpoints, topic, archive="s3a://AKIAEXAMPLE:SeCrEt@bucket/archive")
+    assert "credentials in the URI are not supported" in str(e.value)
+    assert "SeCrEt" not in str(e.value) and "AKIAEXAMPLE" not in str(e.value)
+    with pytest.raises(InvalidArgument) as e:
+        client.alter_topic(topic, tier="delta:s3a://AKIAEXAMPLE:SeCrEt@bucket/archive")
+    assert "SeCrEt" not in str(e.value) and "***@bucket" in str(e.value)
+    assert client.describe_topic(topic)["tier"] == ""
