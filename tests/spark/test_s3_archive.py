@@ -219,6 +219,7 @@ def test_compaction_into_a_table_on_s3_and_rmq_get(spark, client, endpoints, s3)
     assert "testing" not in out.stdout + out.stderr                  # no key shown
 
 
+_CONDITIONAL = "fs.option.create.conditional.overwrite"
 _APPENDS = """
 import sys
 from rmq_spark.spark import session_builder
@@ -252,6 +253,24 @@ def test_delta_commits_on_s3_from_two_drivers_never_overwrite_each_other(spark, 
         store.write(path, lines('{"second":2}'), False, conf)
     assert fs.read_text("s3a://commits/t/_delta_log/00000000000000000000.json") == '{"first":1}\n'
     assert spark.conf.get("spark.delta.logStore.s3a.impl") == "io.rmqspark.delta.ConditionalPutLogStore"
+
+    # Why: another driver's commit landing between the check and the write. Delta's own
+    # store (check, then create) overwrites it; the conditional create ours uses fails.
+    hfs = jvm.org.apache.hadoop.fs.Path("s3a://commits/").getFileSystem(conf)
+    for name, conditional in (("own", False), ("ours", True)):
+        uri = f"s3a://commits/{name}/_delta_log/00000000000000000001.json"
+        target = jvm.org.apache.hadoop.fs.Path(uri)
+        out = (hfs.createFile(target).overwrite(False).must(_CONDITIONAL, True).build()
+               if conditional else hfs.create(target, False))
+        fs.write_bytes(uri, b"the other driver's commit\n")
+        out.write(bytearray(b"this driver's commit\n"))
+        if conditional:
+            with pytest.raises(Py4JJavaError, match="RemoteFileChangedException|412"):
+                out.close()
+            assert fs.read_text(uri) == "the other driver's commit\n"
+        else:
+            out.close()
+            assert fs.read_text(uri) == "this driver's commit\n"        # the other one is gone
 
     # Two drivers appending to one table at once: every append is in the table.
     table, n = "s3a://commits/race", 12
