@@ -143,8 +143,8 @@ def measure_tiering(spark, root: str, store: Store, args) -> dict:
 
         def tier() -> None:
             t, t0, r0 = pending.pop(0), time.perf_counter(), store.requests()
-            q = tier_topic(spark, ep, t, trigger="available-now",
-                           checkpoint=store.path("ck-" + t), progress=log.info)
+            ck = os.path.join(root, "ck-" + t) if args.local_checkpoint else store.path("ck-" + t)
+            q = tier_topic(spark, ep, t, trigger="available-now", checkpoint=ck, progress=log.info)
             split.append((time.perf_counter() - t0, batch_seconds(q)))
             requests["tiering"].append((store.requests() - r0, len(q.recentProgress)))
 
@@ -295,6 +295,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="40k messages, one repeat")
     p.add_argument("--store", choices=("local", "s3"), default="local",
                    help="archives on a local disk, or on an S3 server on loopback (moto)")
+    p.add_argument("--local-checkpoint", action="store_true",
+                   help="with --store s3: the tiering checkpoints on the local disk")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--plot", default=None, help="bar chart PNG ('' for none; default "
                    "bench/results/tiering.png, tiering-s3.png with --store s3)")

@@ -53,14 +53,20 @@ def s3a_conf(env=None) -> dict[str, str]:
     * ``AWS_PROFILE``: the profile credentials provider joins S3A's default chain
       (``fs.s3a.access.key`` settings, the ``AWS_*`` key variables, instance roles);
     * always ``fs.s3a.input.stream.type=classic``: Hadoop 3.5's default stream
-      keeps state for every object a long-running job ever read (HADOOP-20058).
+      keeps state for every object a long-running job ever read (HADOOP-20058);
+      ``fs.s3a.create.performance``: no existence probe per file written.
 
     Keys are never put into the conf (it shows in Spark's UI and event logs): S3A
     reads them from the environment itself. A conf set on the builder after this
     one wins.
     """
     env = os.environ if env is None else env
-    conf = {"spark.hadoop.fs.s3a.input.stream.type": "classic"}
+    conf = {"spark.hadoop.fs.s3a.input.stream.type": "classic",
+            # Spark names every file it writes uniquely (and Delta commits go through
+            # ConditionalPutLogStore): no HEAD + LIST "does it exist" probe per create
+            "spark.hadoop.fs.s3a.create.performance": "true"}
+    # (Not delta.enableFastS3AListFrom: Delta 4.4 calls an S3A method whose signature
+    # Hadoop 3.5 changed - NoSuchMethodError on the first commit.)
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
         conf["spark.hadoop.fs.s3a.endpoint"] = endpoint
