@@ -125,6 +125,10 @@ def test_follower_read_and_not_leader_redirect(cluster, client, topic):
     (lambda c, t: c.create_topic("ok-name3", tier="delta:rel/archive"), InvalidArgument,
      "must be absolute"),
     (lambda c, t: c.alter_topic(t, tier="parquet:archive"), InvalidArgument, "must be absolute"),
+    (lambda c, t: c.alter_topic(t, tier="delta:s3a://"), InvalidArgument, "with a bucket"),
+    (lambda c, t: c.alter_topic(t, tier="delta:s3a://AK:SeCrEt@bkt/a"), InvalidArgument,
+     "'delta:s3a://***@bkt/a'"),
+    (lambda c, t: c.alter_topic(t, tier="delta:ftp://host/a"), InvalidArgument, "must be absolute"),
     (lambda c, t: c.commit_offsets("g", t, {7: 1}), InvalidArgument, "queue 7"),
 ])
 def test_bad_input_is_rejected_and_changes_nothing(client, topic, call, error, text):
