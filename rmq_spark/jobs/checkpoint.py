@@ -63,8 +63,16 @@ def _batches(checkpoint: str, log: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def latest_batch(checkpoint: str, log: str = "commits") -> int | None:
-    """The highest batch id in ``offsets`` or ``commits``; None if there is none."""
+def latest_batch(checkpoint: str, log: str = "commits", after: int | None = None) -> int | None:
+    """The highest batch id in ``offsets`` or ``commits``; None if there is none.
+    With ``after`` (a batch known to be there, or -1), the batches after it are
+    looked up one by one instead of listing the log (a HEAD each on an object
+    store, the one that is missing included): what a monitor asks every poll."""
+    if after is not None:
+        latest = after
+        while fs.exists(fs.join(checkpoint, log, str(latest + 1))):
+            latest += 1
+        return latest if latest >= 0 else None
     ids = _batches(checkpoint, log)
     return ids[-1] if ids else None
 
@@ -81,9 +89,10 @@ def batch_end(checkpoint: str, batch_id: int, topic: str) -> Positions:
     return {int(q): int(o) for q, o in json.loads(source).get(topic, {}).items()}
 
 
-def committed_end(checkpoint: str, topic: str) -> tuple[int, Positions] | None:
-    """(batch id, end offsets) of the latest committed micro-batch; None before the first."""
-    batch = latest_batch(checkpoint, "commits")
+def committed_end(checkpoint: str, topic: str, batch: int | None = None) -> tuple[int, Positions] | None:
+    """(batch id, end offsets) of the latest committed micro-batch (or of ``batch``,
+    when the caller knows it); None before the first."""
+    batch = latest_batch(checkpoint, "commits") if batch is None else batch
     if batch is None:
         return None
     return batch, batch_end(checkpoint, batch, topic)

@@ -334,11 +334,14 @@ class _Run:
     def poll(self, query, final: bool = False) -> None:
         """Watermark as soon as a batch is committed; its progress line once Spark
         has reported the batch (or the query has ended)."""
-        latest = _checkpoint.latest_batch(self.s.checkpoint)
+        # From the last batch seen on: a HEAD a poll on an object store, not a listing
+        latest = _checkpoint.latest_batch(self.s.checkpoint, after=-1 if self._synced is None
+                                          else self._synced)
         if latest is None or latest == self._reported:
             return
         if latest != self._synced:
-            self._end = sync_watermark(self.client, self.s.topic, self.s.checkpoint, self.lease.token) or {}
+            self._end = sync_watermark(self.client, self.s.topic, self.s.checkpoint, self.lease.token,
+                                       latest) or {}
             self._synced = latest
         first = 0 if self._reported is None else self._reported + 1
         rows = _rows(query, first, latest)

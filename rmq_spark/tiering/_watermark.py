@@ -32,15 +32,18 @@ def queue_info(client: Client, topic: str) -> dict[int, dict]:
     return {q["queue"]: q for q in client.describe_topic(topic)["queue_info"]}
 
 
-def sync_watermark(client: Client, topic: str, checkpoint: str, lease_token: int) -> Positions | None:
+def sync_watermark(client: Client, topic: str, checkpoint: str, lease_token: int,
+                   batch: int | None = None) -> Positions | None:
     """Set the ``archive`` watermark to the end of the latest committed batch.
 
     Safe to call at any time and repeatedly (watermarks only move forward), by
     the job holding the topic's tier lease: ``lease_token`` is that lease's
     token, and a move under any other token is refused (FailedPrecondition).
     Returns the end offsets, or None when the checkpoint has no committed batch.
+    ``batch``: the latest committed batch, when the caller knows it (no listing).
     """
-    done = _checkpoint.committed_end(_checkpoint.location(checkpoint, "checkpoint", TierConfigError), topic)
+    done = _checkpoint.committed_end(_checkpoint.location(checkpoint, "checkpoint", TierConfigError), topic,
+                                     batch)
     if done is None or not done[1]:
         return None
     end = done[1]

@@ -150,3 +150,18 @@ def test_local_files_through_the_same_calls(tmp_path):
     with pytest.raises(FileNotFoundError):
         fs.read_text(uri)
     fs.check_writable(str(tmp_path), "archive")          # local: the job creates it
+
+
+def test_a_monitor_finds_new_commits_without_listing_the_checkpoint(tmp_path, monkeypatch):
+    from rmq_spark.jobs.checkpoint import latest_batch
+    ck = str(tmp_path / "ck")
+    assert latest_batch(ck, after=-1) is None
+    for b in range(4):
+        fs.write_bytes(f"{ck}/commits/{b}", b"v1\n{}")
+    assert latest_batch(ck) == 3                          # a start: one listing
+
+    def refuse(uri):
+        raise AssertionError(f"listed {uri}")
+    monkeypatch.setattr(fs, "list_names", refuse)
+    assert latest_batch(ck, after=1) == 3 and latest_batch(ck, after=3) == 3
+    assert latest_batch(ck, after=-1) == 3
