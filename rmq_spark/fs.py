@@ -21,13 +21,14 @@ and messages name only the URI.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Iterator
 from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["OBJECT_SCHEMES", "StoreError", "userinfo_refusal", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
+__all__ = ["OBJECT_SCHEMES", "StoreError", "masked", "userinfo_refusal", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
            "read_text", "remove", "resolve", "size", "stamp", "to_spark", "walk_files", "write_bytes",
            "check_writable"]
 
@@ -43,15 +44,28 @@ class StoreError(OSError):
     """A location could not be used: what, where, and what to check."""
 
 
+# Bucket stores: a bucket name has no ':' or '@', so either before the key means
+# credentials (a secret may hold '/', so "before the key" is up to the last '@').
+_BUCKET_SCHEMES = ("s3a", "s3", "s3n", "gs")
+_USERINFO = re.compile(r"^(s3a|s3n|s3|gs)://(?:[^/@:]*@|[^/@:]*:[^@]*@)")
+
+
+def masked(uri: str) -> str:
+    """``uri`` with any credentials before its bucket replaced by ``***``."""
+    return _USERINFO.sub(lambda m: f"{m.group(1)}://***@", uri)
+
+
 def userinfo_refusal(uri: str) -> str | None:
     """Why ``uri`` is refused if it carries credentials (``s3a://KEY:SECRET@bucket``:
     they would show in configs, logs and plans), with them masked; else None."""
     scheme, sep, rest = uri.partition("://")
-    host = rest.split("/", 1)[0]
-    if not sep or "@" not in host:
+    if not sep or scheme not in _BUCKET_SCHEMES:
         return None
-    masked = f"{scheme}://***@{host.rsplit('@', 1)[1]}/{rest.split('/', 1)[1] if '/' in rest else ''}"
-    return (f"{masked}: credentials in the URI are not supported (they would show in configs, "
+    host = rest.split("/", 1)[0]
+    if not _USERINFO.match(uri) and ":" not in host and "@" not in host:
+        return None
+    shown = masked(uri) if _USERINFO.match(uri) else f"{scheme}://***"
+    return (f"{shown}: credentials in the URI are not supported (they would show in configs, "
             "logs and plans); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
 
 
@@ -83,7 +97,7 @@ def join(root: str, *parts: str) -> str:
 def _s3_settings() -> tuple:
     env = os.environ
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or ""
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or ""
     # the credentials' identity only (a changed key gets a new filesystem), never kept
     who = (env.get("AWS_ACCESS_KEY_ID", ""), hash(env.get("AWS_SECRET_ACCESS_KEY", "")),
            env.get("AWS_PROFILE", ""))
@@ -96,7 +110,8 @@ def _s3_filesystem() -> pafs.FileSystem:
     with _cache_lock:
         fs = _cache.get(key)
         if fs is None:
-            kwargs: dict = {"region": region}
+            # no region set: pyarrow's own chain (the profile's, else us-east-1), as S3A's
+            kwargs: dict = {"region": region} if region else {}
             if endpoint:
                 url = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
                 kwargs.update(endpoint_override=url.netloc, scheme=url.scheme or "https",
@@ -112,7 +127,7 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
         return pafs.LocalFileSystem(), _local_path(uri)
     scheme, _, rest = uri.partition("://")
     if scheme in _S3_SCHEMES:
-        return _s3_filesystem(), unquote(rest).rstrip("/")
+        return _s3_filesystem(), rest.rstrip("/")       # names from logs are decoded already
     return pafs.FileSystem.from_uri(uri)       # gs://, hdfs://, abfs://: as pyarrow knows them
 
 
@@ -252,8 +267,8 @@ def check_writable(uri: str, what: str) -> None:
     fs, path = resolve(uri)
     bucket = path.split("/", 1)[0]
     try:
-        info = fs.get_file_info(bucket)
-        if info.type == pafs.FileType.NotFound:
+        info = fs.get_file_info(bucket) if uri.partition("://")[0] in _BUCKET_SCHEMES else None
+        if info is not None and info.type == pafs.FileType.NotFound:
             raise StoreError(f"{what} {uri}: bucket {bucket!r} does not exist (or these credentials "
                              "cannot see it); create it first - nothing was written")
         fs.get_file_info(path)              # the credentials may read here

@@ -50,16 +50,37 @@ def replay(root: str, apply: Callable[[dict], None], listed: bool = False) -> bo
     log folder as it is now, every commit since the checkpoint required (for
     what deletes files: retention's sweep), not from what this process knows."""
     log_dir = fs.join(root, "_delta_log")
-    found = _listed(log_dir) if listed else _log_files(log_dir)
-    if found is None:
-        return False
+    if listed:                    # as the folder is now, nothing this process remembers
+        found = _listed(log_dir)
+        return found is not None and _feed(log_dir, found, apply, cached=False)
+    for attempt in (1, 2):
+        found = _log_files(log_dir)
+        if found is None:
+            return False
+        actions: list[dict] = []
+        try:
+            _feed(log_dir, found, actions.append, cached=True)
+        except FileNotFoundError:
+            # Log cleanup removed the checkpoint or commits this process started
+            # from (a newer checkpoint covers them): start again from _last_checkpoint.
+            _forget_dir(log_dir)
+            if attempt == 2:
+                raise
+            continue
+        for action in actions:
+            apply(action)
+        return True
+    return False
+
+
+def _feed(log_dir: str, found: tuple, apply, cached: bool) -> bool:
     checkpoint, parts, latest = found[:3]
     for part in parts:
-        for action in _actions(fs.join(log_dir, part), checkpoint=True):
+        for action in _actions(fs.join(log_dir, part), checkpoint=True, cached=cached):
             apply(action)
     first = 0 if checkpoint is None else checkpoint + 1
     for v in range(first, latest + 1):
-        for action in _actions(_commit(log_dir, v)):
+        for action in _actions(_commit(log_dir, v), cached=cached):
             apply(action)
     return True
 
@@ -113,7 +134,7 @@ def _forget_dir(log_dir: str) -> None:
 def _from_last_checkpoint(log_dir: str) -> tuple[int | None, tuple[str, ...], int] | None:
     try:
         last = json.loads(fs.read_text(fs.join(log_dir, "_last_checkpoint")))
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):       # none, or half written: as if none
         last = None
     if last is not None and "v2Checkpoint" not in last:
         v, n = int(last["version"]), last.get("parts")
@@ -161,11 +182,12 @@ def _latest_checkpoint(names: list[str]) -> tuple[int | None, list[str]]:
     return None, []
 
 
-def _actions(uri: str, checkpoint: bool = False, missing_ok: bool = False) -> list[dict] | None:
-    """The actions of one log file, parsed once per process; None when it is missing
-    and ``missing_ok``."""
+def _actions(uri: str, checkpoint: bool = False, missing_ok: bool = False,
+             cached: bool = True) -> list[dict] | None:
+    """The actions of one log file, parsed once per process (``cached``); None when
+    it is missing and ``missing_ok``."""
     with _lock:
-        got = _parsed.get(uri)
+        got = _parsed.get(uri) if cached else None
         if got is not None:
             _parsed.move_to_end(uri)
             return got
@@ -176,10 +198,11 @@ def _actions(uri: str, checkpoint: bool = False, missing_ok: bool = False) -> li
         if missing_ok:
             return None
         raise
-    with _lock:
-        _parsed[uri] = got
-        while len(_parsed) > _PARSED_MAX:
-            _parsed.popitem(last=False)
+    if cached:
+        with _lock:
+            _parsed[uri] = got
+            while len(_parsed) > _PARSED_MAX:
+                _parsed.popitem(last=False)
     return got
 
 

@@ -68,8 +68,8 @@ def parse_tier(spec: str, what: str = "tier") -> Tier | None:
     if not sep or fmt not in FORMATS or not path:
         raise ValueError(f"{what}={spec!r}: expected FORMAT:PATH with FORMAT one of "
                          f"{', '.join(FORMATS)}, e.g. delta:/data/archive")
-    if "@" in path.partition("://")[2].split("/", 1)[0]:
-        from rmq_spark.fs import userinfo_refusal
+    from rmq_spark.fs import userinfo_refusal
+    if userinfo_refusal(path):
         raise ValueError(f"{what}: {userinfo_refusal(path)}")
     scheme, sep2, rest = path.partition("://")
     if sep2 and scheme in ("s3", "s3n"):

@@ -27,6 +27,8 @@ __all__ = ["location", "checkpoint_under", "latest_batch", "batch_end", "committ
            "query_id", "seed"]
 
 Positions = dict[int, int]
+# Files a checkpoint holds besides its logs (the tier fence's token: tiering/_fence.py)
+_CHECKPOINT_FILES = ("metadata", "rmq_tier_token")
 
 
 def location(path: str, what: str, error: type[JobConfigError] = JobConfigError) -> str:
@@ -36,13 +38,13 @@ def location(path: str, what: str, error: type[JobConfigError] = JobConfigError)
     ``error`` (the calling job's own ``JobConfigError``)."""
     if not path:
         raise error(f"{what} is empty: give a local directory or an s3a://BUCKET/PREFIX URI")
+    if fs.userinfo_refusal(path):
+        raise error(f"{what} {fs.userinfo_refusal(path)}")
     if "://" in path or path.startswith("file:"):
         u = urlparse(path)
         if u.scheme == "file":
             path = u.path
         elif u.scheme in fs.OBJECT_SCHEMES:
-            if fs.userinfo_refusal(path):
-                raise error(f"{what} {fs.userinfo_refusal(path)}")
             if not u.netloc:
                 raise error(f"{what} {path!r}: no bucket; expected {u.scheme}://BUCKET/PREFIX")
             return fs.to_spark(path.rstrip("/"))
@@ -148,7 +150,13 @@ def _seed_in_place(checkpoint: str, batch_id: int, topic: str, end: Positions) -
     if fs.exists(fs.join(checkpoint, "metadata")):
         if latest_batch(checkpoint, "offsets") is not None:
             raise ValueError(f"checkpoint {checkpoint} already has batches; it cannot be seeded")
-    for f, _, _ in list(fs.walk_files(checkpoint)):
+    files = list(fs.walk_files(checkpoint))
+    for f, _, _ in files:           # clear only what a checkpoint holds: never a mistyped prefix
+        rel = f[len(checkpoint):].lstrip("/")
+        if not rel.startswith(("offsets/", "commits/", "sources/")) and rel not in _CHECKPOINT_FILES:
+            raise ValueError(f"checkpoint {checkpoint} holds {rel!r}, which no checkpoint holds: "
+                             "not clearing it to seed a checkpoint there; give an empty location")
+    for f, _, _ in files:
         fs.remove(f)
     for name, text in _seed_files(batch_id, topic, end):
         fs.write_bytes(fs.join(checkpoint, name), text.encode())

@@ -25,7 +25,7 @@ CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
 LEASE_KINDS = ("tier",)
 # An archive or table on an object store: SCHEME://BUCKET/... (rmq_spark.fs.OBJECT_SCHEMES)
-_STORE_URI = r"(s3a|s3|s3n|gs|hdfs|abfs|abfss)://[^/@]+(/|$)"
+_STORE_URI = r"((s3a|s3|s3n|gs)://[^/:@]+|(hdfs|abfs|abfss)://[^/]+)(/|$)"
 MAX_LEASE_MS = 86_400_000
 
 
@@ -71,7 +71,7 @@ def check_config(c: rmq_pb2.TopicConfig) -> None:
 
 def _masked(spec: str) -> str:
     """A tier or table spec with any credentials in its URI masked."""
-    return re.sub(r"://[^/@]*@", "://***@", spec)
+    return re.sub(r"\b(s3a|s3n|s3|gs)://(?:[^/@:]*@|[^/@:]*:[^@]*@)", r"\1://***@", spec)
 
 
 def messages_to_block(msgs) -> bytes:

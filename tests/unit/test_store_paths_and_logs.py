@@ -165,3 +165,20 @@ def test_a_monitor_finds_new_commits_without_listing_the_checkpoint(tmp_path, mo
     monkeypatch.setattr(fs, "list_names", refuse)
     assert latest_batch(ck, after=1) == 3 and latest_batch(ck, after=3) == 3
     assert latest_batch(ck, after=-1) == 3
+
+
+def test_log_cleanup_under_a_reader_that_started_from_an_older_checkpoint(tmp_path):
+    root = str(tmp_path / "t")
+    for v in range(3):
+        _commit(root, v, f"f{v}")
+    _checkpoint(root, 2, "f0", "f1", "f2")
+    delta_log.forget(root)
+    assert _live(root) == {"f0", "f1", "f2"}
+    for v in (3, 4):
+        _commit(root, v, f"f{v}")
+    _checkpoint(root, 4, *[f"f{v}" for v in range(5)])
+    log = os.path.join(root, "_delta_log")
+    for name in (f"{2:020d}.checkpoint.parquet", f"{3:020d}.json"):      # Delta's log cleanup
+        os.remove(os.path.join(log, name))
+    delta_log._parsed.clear()                     # and this process's parsed files evicted
+    assert _live(root) == {f"f{v}" for v in range(5)}
