@@ -137,8 +137,9 @@ def _wrap(uri: str, e: OSError, doing: str) -> OSError:
     if isinstance(e, FileNotFoundError):
         return e
     text = str(e)
-    if "ACCESS_DENIED" in text or "AccessDenied" in text or "403" in text \
-            or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+    if any(w in text for w in ("ACCESS_DENIED", "AccessDenied", "403", "InvalidAccessKeyId",
+                               "INVALID_ACCESS_KEY_ID", "SignatureDoesNotMatch",
+                               "SIGNATURE_DOES_NOT_MATCH")):
         return StoreError(f"{uri}: access denied while {doing}; check the credentials "
                           "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and that "
                           f"they may read and write there ({text.splitlines()[0]})")

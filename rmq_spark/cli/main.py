@@ -12,6 +12,7 @@ import os
 import sys
 
 from ..client import Client, RmqError, parse_endpoints
+from ..fs import StoreError
 from . import _consume, _jobs, _produce, _status, _topics
 
 __all__ = ["main"]
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
                       "is the cluster running, and are --endpoints / RMQ_ENDPOINTS right?", file=sys.stderr)
                 return 2
             return COMMANDS[a.cmd](client, a)
-    except (RmqError, ValueError) as e:
+    except (RmqError, ValueError, StoreError) as e:      # StoreError: an archive or table's store
         print(f"rmq: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -109,6 +109,12 @@ def test_tier_to_s3_then_one_query_reads_archive_and_hot_log(spark, client, endp
     print(f"\n{fmt}: {batches} batches, {s3.requests() - before} S3 requests "
           f"({(s3.requests() - before) / max(1, batches):.0f} per batch, job start included)")
     assert client.describe_topic(topic)["tier"] == f"{fmt}:{uri}"
+    # the secret is nowhere Spark or the topic shows it (S3A reads it from the environment)
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    shown = [v for _, v in spark.sparkContext.getConf().getAll()]
+    shown.append(str(client.describe_topic(topic)))
+    assert not any(secret in v for v in shown)
+    assert spark._jsc.hadoopConfiguration().get("fs.s3a.secret.key") is None
     # the checkpoint lives beside the archive, on the store too
     assert fs.exists(f"{uri}/_rmq_checkpoints/{topic}/commits/0")
     assert not os.path.exists(f"{uri}")                          # nothing went to a local path
@@ -136,8 +142,9 @@ def test_tier_to_s3_then_one_query_reads_archive_and_hot_log(spark, client, endp
         assert _lists(s3, mark) == []
 
 
-def test_tier_job_killed_mid_batch_on_s3_restarts_exactly_once(spark, client, endpoints, s3):
-    bucket, topic = "archive-kill", "s3-kill"
+@pytest.mark.parametrize("fmt", ["delta", "parquet"])
+def test_tier_job_killed_mid_batch_on_s3_restarts_exactly_once(spark, client, endpoints, s3, fmt):
+    bucket, topic = f"archive-kill-{fmt}", f"s3-kill-{fmt}"
     s3.create_bucket(bucket)
     uri = f"s3a://{bucket}/archive"
     client.create_topic(topic, queues=QUEUES)
@@ -145,7 +152,7 @@ def test_tier_job_killed_mid_batch_on_s3_restarts_exactly_once(spark, client, en
     ckpt = f"{uri}/_rmq_checkpoints/{topic}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints, "tier", topic,
-         "--archive", uri, "--format", "delta", "--max-offsets-per-trigger", "100"],
+         "--archive", uri, "--format", fmt, "--max-offsets-per-trigger", "100"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: fs.exists(f"{ckpt}/commits/0") or proc.poll() is not None,
@@ -161,7 +168,7 @@ def test_tier_job_killed_mid_batch_on_s3_restarts_exactly_once(spark, client, en
     assert any(a < latest[q] for q, a in _archived(client, topic).items()), "not cut short"
 
     _tier(spark, endpoints, topic)
-    rows = _independent_rows(uri, "delta", topic)
+    rows = _independent_rows(uri, fmt, topic)
     assert rows == sorted((q, o) for q in range(QUEUES) for o in range(latest[q]))
     assert _archived(client, topic) == latest
 
@@ -341,6 +348,15 @@ def test_wrong_credentials_are_refused_naming_the_uri_and_nothing_is_written(cli
                                   "print([u for u, _, _ in fs.walk_files('s3a://locked/')])"],
                                  env=env, capture_output=True, text=True, check=True).stdout
         assert listing.strip() == "['s3a://locked/keep']"
+        # a lookup in a table on that store: a clear error, not a traceback
+        compact = "s3-wrong-key-compact"
+        client.create_topic(compact, queues=QUEUES, cleanup_policy="compact")
+        client.alter_topic(compact, compacted_table="delta:s3a://locked/table")
+        got = subprocess.run([sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints,
+                              "get", compact, "k"], env={**env, "AWS_SECRET_ACCESS_KEY": "wrong"},
+                             capture_output=True, text=True, timeout=120)
+        assert got.returncode == 1 and "Traceback" not in got.stderr, got.stderr
+        assert got.stderr.startswith("rmq: s3a://locked/table") and "access denied" in got.stderr
     finally:
         server.stop()
 
@@ -357,3 +373,38 @@ def test_credentials_in_a_uri_are_refused_and_never_echoed(spark, client, endpoi
         client.alter_topic(topic, tier="delta:s3a://AKIAEXAMPLE:SeCrEt@bucket/archive")
     assert "SeCrEt" not in str(e.value) and "***@bucket" in str(e.value)
     assert client.describe_topic(topic)["tier"] == ""
+
+
+def test_credentials_from_a_profile(tmp_path):
+    """``AWS_PROFILE`` with no key variables, against a store that checks keys: the
+    Python side (pyarrow's chain) uses the profile, and ``session_builder`` adds the
+    profile provider to S3A's chain."""
+    from rmq_spark.spark import s3a_conf
+    from tests.s3server import S3Server
+    server = S3Server.start(str(tmp_path / "auth-s3"))
+    try:
+        server.create_bucket("profiled")
+        key, secret = server.with_auth()
+        creds = tmp_path / "credentials"
+        creds.write_text(f"[archiver]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"
+                         f"[stale]\naws_access_key_id = {key}\naws_secret_access_key = wrong\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update({k: v for k, v in server.env().items()
+                    if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+        env.update(AWS_SHARED_CREDENTIALS_FILE=str(creds))
+        code = ("from rmq_spark import fs; fs.write_bytes('s3a://profiled/x', b'via profile'); "
+                "print(fs.read_text('s3a://profiled/x'))")
+        ok = subprocess.run([sys.executable, "-c", code], env={**env, "AWS_PROFILE": "archiver"},
+                            capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0 and ok.stdout.strip() == "via profile", ok.stderr
+        refused = subprocess.run([sys.executable, "-c", code], env={**env, "AWS_PROFILE": "stale"},
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0 and "access denied" in refused.stderr, refused.stderr
+        assert "wrong" not in refused.stderr
+        conf = s3a_conf({**env, "AWS_PROFILE": "archiver"})
+        assert "ProfileCredentialsProvider" in conf["spark.hadoop.fs.s3a.aws.credentials.provider"]
+        assert conf["spark.hadoop.fs.s3a.endpoint"] == server.endpoint
+        assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+        assert not any(secret in v for v in conf.values())
+    finally:
+        server.stop()
