@@ -280,7 +280,7 @@ def test_delta_commits_on_s3_from_two_drivers_never_overwrite_each_other(spark, 
             assert fs.read_text(uri) == "this driver's commit\n"        # the other one is gone
 
     # Two drivers appending to one table at once: every append is in the table.
-    table, n = "s3a://commits/race", 12
+    table, n = "s3a://commits/race", 6
     spark.createDataFrame([("test", -1)], "who string, i int").write.format("delta").save(table)
     racer = subprocess.Popen([sys.executable, "-c", _APPENDS, table, str(n)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
