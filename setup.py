@@ -49,6 +49,8 @@ setup(
         "crc32c>=2.4",
         "numpy>=1.26",
         "pyarrow>=15",
+        # a cluster's CA and certificates for `rmq-storage local --secure` (security/certs.py)
+        "cryptography>=42",
     ],
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],

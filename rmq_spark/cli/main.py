@@ -2,7 +2,9 @@
 from the shell.
 
 Endpoints come from --endpoints or the RMQ_ENDPOINTS environment variable
-(host:port,host:port,...). Exit codes: 0 done, 1 failed, 2 bad input (nothing
+(host:port,host:port,...); a cluster with TLS takes --tls-ca (RMQ_TLS_CA), and
+--tls-cert/--tls-key (RMQ_TLS_CERT/RMQ_TLS_KEY) where nodes require a client
+certificate. Exit codes: 0 done, 1 failed, 2 bad input (nothing
 changed), 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ..client import Client, RmqError, parse_endpoints
+from ..client import Client, RmqError, TlsFiles, parse_endpoints
 from ..fs import StoreError
 from . import _consume, _jobs, _produce, _status, _topics
 
@@ -29,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--endpoints", default=os.environ.get("RMQ_ENDPOINTS", ""),
                    help="host:port,... of the storage nodes (default: $RMQ_ENDPOINTS)")
+    p.add_argument("--tls-ca", default=os.environ.get("RMQ_TLS_CA"),
+                   help="PEM: the cluster's CA; calls go over TLS (default: $RMQ_TLS_CA)")
+    p.add_argument("--tls-cert", default=os.environ.get("RMQ_TLS_CERT"),
+                   help="PEM: a client certificate, for nodes that require one (default: $RMQ_TLS_CERT)")
+    p.add_argument("--tls-key", default=os.environ.get("RMQ_TLS_KEY"),
+                   help="PEM: its key (default: $RMQ_TLS_KEY)")
     sub = p.add_subparsers(dest="cmd", required=True)
     _topics.add_parser(sub)
     _produce.add_parser(sub)
@@ -49,6 +57,18 @@ def _reachable(client: Client, endpoints: list[str]) -> bool:
     return False
 
 
+def _tls(a) -> TlsFiles | None:
+    """The TLS files given (checked readable), or None for plaintext."""
+    if not a.tls_ca:
+        if a.tls_cert or a.tls_key:
+            raise ValueError("--tls-cert/--tls-key need --tls-ca (or RMQ_TLS_CA): the CA the "
+                             "nodes' certificates are checked against")
+        return None
+    tls = TlsFiles(a.tls_ca, a.tls_cert, a.tls_key)
+    tls.read()
+    return tls
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     if not a.endpoints:
@@ -56,11 +76,12 @@ def main(argv=None) -> int:
         return 2
     try:
         endpoints = parse_endpoints(a.endpoints)
+        tls = _tls(a)
     except ValueError as e:
         print(f"rmq: {e}", file=sys.stderr)
         return 2
     try:
-        with Client(endpoints) as client:
+        with Client(endpoints, tls=tls) as client:
             if not _reachable(client, endpoints):
                 print(f"rmq: no node answered at {', '.join(endpoints)} within {CONNECT_SECONDS:.0f} s: "
                       "is the cluster running, and are --endpoints / RMQ_ENDPOINTS right?", file=sys.stderr)

@@ -30,8 +30,10 @@ class LocalCluster:
     def __init__(self, nodes: int | None = None, groups: int | None = None, data_dir: str = "./data",
                  port: int = 0, host: str = "127.0.0.1", fsync: str = "always",
                  extra_args: Sequence[str] = (), log_dir: str | None = None,
-                 hosts: Sequence[str] | None = None):
+                 hosts: Sequence[str] | None = None, secure: bool = False):
         """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4).
+        ``secure``: a CA, a node and an admin certificate under ``data_dir/security``
+        (``security/certs.py``), TLS on every node's ports (``tls``: the admin's files).
 
         ``hosts`` gives each node its own address instead of ``host`` (nodes in network
         namespaces, ``tests/netns.py``); this process cannot probe ports on addresses
@@ -42,6 +44,7 @@ class LocalCluster:
         self._lock = DirectoryLock(self.data_dir).acquire()
         try:
             self._configure(nodes, groups, port, host, fsync, extra_args, log_dir, hosts)
+            self.tls = self._secure() if secure else None
         except BaseException:
             self._lock.release()
             raise
@@ -64,6 +67,20 @@ class LocalCluster:
         self.founders = saved.get("founders", self.nodes) if saved else self.nodes
         self.addresses = self._addresses(port)
         self.procs: list[subprocess.Popen | None] = [None] * self.nodes
+
+    def _secure(self):
+        from ..security.certs import ensure_local
+        from ..protocol.tls import TlsFiles
+        ca, node, admin = ensure_local(self.data_dir, tuple(dict.fromkeys(self.hosts)))
+        self.extra_args += ["--tls-ca", ca.cert, "--tls-cert", node.cert, "--tls-key", node.key]
+        return TlsFiles(ca.cert, admin.cert, admin.key)
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A channel to a node as the admin (TLS when the cluster is secure)."""
+        if self.tls is None:
+            return grpc.insecure_channel(address)
+        from ..protocol.tls import channel_credentials
+        return grpc.secure_channel(address, channel_credentials(self.tls))
 
     def _saved(self) -> dict | None:
         try:
@@ -140,7 +157,7 @@ class LocalCluster:
         return self
 
     def health(self, i: int) -> rmq_pb2.HealthResponse | None:
-        with grpc.insecure_channel(self.addresses[i]) as ch:
+        with self.channel(self.addresses[i]) as ch:
             try:
                 return rmq_pb2_grpc.MessageLogStub(ch).Health(rmq_pb2.HealthRequest(), timeout=1.0)
             except grpc.RpcError:

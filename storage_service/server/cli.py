@@ -55,6 +55,12 @@ def _parse(argv):
                    help="what a scrub pass reads per second at most (default 32 MiB)")
     n.add_argument("--max-parked-fetches", type=int, default=20_000,
                    help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")
+    n.add_argument("--tls-ca", help="PEM: the CA of the cluster's certificates (with --tls-cert and "
+                   "--tls-key: TLS on the gRPC and produce ports and to peers)")
+    n.add_argument("--tls-cert", help="PEM: this node's certificate (names its address)")
+    n.add_argument("--tls-key", help="PEM: its private key")
+    n.add_argument("--tls-client-cert", action="store_true",
+                   help="clients must present a certificate signed by --tls-ca (mTLS)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -64,6 +70,9 @@ def _parse(argv):
     loc.add_argument("--data-dir", default="./data")
     loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    loc.add_argument("--secure", action="store_true",
+                     help="TLS on every node's ports, with a CA and certificates made under "
+                          "DATA_DIR/security (prints tls-ca: PATH after endpoints:)")
     return p.parse_args(argv)
 
 
@@ -90,6 +99,13 @@ def run_node(args) -> int:
     if args.replication_factor < 1:
         print(f"--replication-factor {args.replication_factor}: give 1 or more", file=sys.stderr)
         return 2
+    tls_given = [x for x in (args.tls_ca, args.tls_cert, args.tls_key) if x]
+    if tls_given and len(tls_given) != 3:
+        print("TLS needs all of --tls-ca, --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    if args.tls_client_cert and not tls_given:
+        print("--tls-client-cert needs --tls-ca, --tls-cert and --tls-key", file=sys.stderr)
+        return 2
     try:
         node = _make_node(args, addresses)
     except DirectoryInUse as e:
@@ -113,6 +129,7 @@ def run_node(args) -> int:
 
 def _make_node(args, addresses: tuple[str, ...]):
     from ..raft.group import RaftTiming
+    from ..protocol.tls import TlsFiles
     from .node import NodeConfig, StorageNode
 
     return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
@@ -126,7 +143,9 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   min_free_bytes=args.min_free_bytes, scrub_interval=args.scrub_interval,
                                   scrub_bytes_per_s=args.scrub_bytes_per_s,
                                   join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
-                                  timing=RaftTiming(compaction_entries=args.compaction_entries)))
+                                  timing=RaftTiming(compaction_entries=args.compaction_entries),
+                                  tls=TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None,
+                                  tls_client_cert=args.tls_client_cert))
 
 
 def _stop_on_signals() -> threading.Event:
@@ -142,7 +161,8 @@ def run_local(args) -> int:
     try:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
                                port=args.port, fsync=args.fsync,
-                               extra_args=["--replication-factor", str(args.replication_factor)])
+                               extra_args=["--replication-factor", str(args.replication_factor)],
+                               secure=args.secure)
     except (ValueError, DirectoryInUse) as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
@@ -150,6 +170,9 @@ def run_local(args) -> int:
     try:
         cluster.start()
         print(f"endpoints: {cluster.endpoints}", flush=True)
+        if cluster.tls is not None:
+            print(f"tls-ca: {cluster.tls.ca}", flush=True)
+            print(f"tls-client-cert: {cluster.tls.cert} (key {cluster.tls.key})", flush=True)
         print(f"logs and data: {cluster.data_dir}  (Ctrl-C stops all nodes)", flush=True)
         while not stop.wait(0.5):
             for i, p in enumerate(cluster.procs):

@@ -36,6 +36,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..protocol.errors import RETRY_AFTER_METADATA_KEY
 from ..protocol.placement import GRPC_OPTIONS
+from ..protocol.tls import TlsFiles, server_credentials
 from .guard import _decoder
 
 __all__ = ["Parked", "AsyncServer", "Limits", "SyncContext"]
@@ -89,8 +90,10 @@ class SyncContext:
 class AsyncServer:
     """A node's gRPC server on its own event-loop thread; ``stop`` ends both."""
 
-    def __init__(self, servicer, address: str, limits: Limits = Limits(), node_name: str = ""):
+    def __init__(self, servicer, address: str, limits: Limits = Limits(), node_name: str = "",
+                 tls: TlsFiles | None = None, tls_client_cert: bool = False):
         self.servicer, self.limits, self.name = servicer, limits, node_name or address
+        self.tls, self.tls_client_cert = tls, tls_client_cert
         self.pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="grpc")
         self.running = 0            # touched on the loop thread only
         self.parked = 0
@@ -114,7 +117,10 @@ class AsyncServer:
                 response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
         host, port = address.rsplit(":", 1)
-        server.add_insecure_port(f"{host}:{port}")
+        if self.tls is None:
+            server.add_insecure_port(f"{host}:{port}")
+        else:
+            server.add_secure_port(f"{host}:{port}", server_credentials(self.tls, self.tls_client_cert))
         await server.start()
         return server
 

@@ -23,6 +23,7 @@ from ..log.handles import OpenFiles, open_files_limit
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, grpc_address, raft_address
+from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
 from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
@@ -79,6 +80,8 @@ class NodeConfig:
     scrub_bytes_per_s: int = 32 << 20   # what a scrub reads per second at most
     join: tuple[str, ...] = ()          # a new node: nodes of the running cluster to join through
     timing: RaftTiming = field(default_factory=RaftTiming)
+    tls: TlsFiles | None = None         # TLS on the gRPC and produce ports, and to peers (security/)
+    tls_client_cert: bool = False       # clients must present a certificate of the cluster's CA
 
     @property
     def address(self) -> str:
@@ -391,7 +394,10 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         with self._channels_lock:
             ch = self._channels.get(address)
             if ch is None:
-                ch = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                ch = self._channels[address] = (
+                    grpc.insecure_channel(address, options=GRPC_OPTIONS) if self.config.tls is None
+                    else grpc.secure_channel(address, channel_credentials(self.config.tls),
+                                             options=GRPC_OPTIONS))
         return rmq_pb2_grpc.MessageLogStub(ch)
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:

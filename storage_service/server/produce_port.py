@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 from typing import Callable
 
@@ -62,6 +63,10 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 def send_frame(sock: socket.socket, request_id: int, code: int, body: bytes) -> None:
     """One frame, header and body in one ``sendmsg`` (no concatenation of a big body)."""
     head = frame_head(request_id, code, len(body))
+    if isinstance(sock, ssl.SSLSocket):     # no sendmsg on TLS: two records
+        sock.sendall(head)
+        sock.sendall(body)
+        return
     sent = sock.sendmsg([head, body])
     if sent < len(head):
         sock.sendall(head[sent:])
@@ -81,8 +86,9 @@ class ProduceWireServer:
 
     def __init__(self, handle: Callable[[rmq_pb2.ProduceBatchesRequest], rmq_pb2.ProduceBatchesResponse],
                  host: str, port: int, max_frame: int = MAX_FRAME,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, ssl_context=None):
         self._handle = handle
+        self._ssl = ssl_context              # TLS: each connection's handshake on its own thread
         self.max_frame = max_frame
         self.max_connections = max_connections
         self._sock = socket.create_server((host, port), backlog=128)
@@ -117,8 +123,11 @@ class ProduceWireServer:
                              daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        plain = conn
         try:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
+            if self._ssl is not None:
+                conn = self._ssl.wrap_socket(conn, server_side=True)
             check_hello(recv_exact(conn, HELLO.size))
             conn.sendall(hello())
             frames = FrameReader(self.max_frame)
@@ -136,11 +145,14 @@ class ProduceWireServer:
         except WireProtocolError as e:
             log.warning("produce stream from %s: %s; closing it", _peer(conn), e)
             _try_send_error(conn, e.code, str(e))
+        except ssl.SSLError as e:            # a plaintext client, or a certificate refused
+            log.info("produce stream from %s: TLS handshake failed (%s); closing it", _peer(plain),
+                     e.reason or e)
         except OSError:
             pass                             # the client went away, or idle past IDLE_SECONDS
         finally:
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.discard(plain)
             conn.close()
 
     def _answer(self, method: int, body: bytearray) -> tuple[int, bytes]:

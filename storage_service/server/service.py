@@ -20,6 +20,7 @@ from ..protocol.fetch_wire import encode_fetch_response
 from ..protocol.localread import host_id
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, produce_address, raft_address
 from ..protocol.tags import filter_batches, parse_tag_expression
+from ..protocol.tls import server_context
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
                                      SetWatermark)
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
@@ -425,7 +426,8 @@ class Servers:
         self.grpc.stop(grace=grace)
 
 
-def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> ProduceWireServer | None:
+def _produce_server(handle, address: str, taken: set[str] = frozenset(),
+                    ssl_context=None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -436,7 +438,7 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> Prod
         return None
     host, port = address.rsplit(":", 1)
     try:
-        return ProduceWireServer(handle, host, int(port))
+        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
@@ -445,7 +447,9 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset()) -> Prod
 def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     c = node.config
     limits = limits or Limits(max_requests=c.max_requests, max_parked=c.max_parked_fetches)
-    server = AsyncServer(MessageLogService(node), c.address, limits)
+    server = AsyncServer(MessageLogService(node), c.address, limits, tls=c.tls,
+                         tls_client_cert=c.tls_client_cert)
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
-    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken)
+    ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
+    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx)
     return Servers(server, produce)

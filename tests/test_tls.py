@@ -1,0 +1,156 @@
+"""TLS on the nodes' gRPC and produce ports and between nodes (issue 22, first part).
+
+A real cluster made with ``secure=True`` (``rmq-storage local --secure``): a CA,
+a node and an admin certificate under its data directory
+(``storage_service/security/certs.py``). The raft port is not TLS yet.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+
+import pytest
+
+from rmq_spark.client import Client, TlsFiles, Unavailable
+from storage_service.local import LocalCluster
+from storage_service.proto import rmq_pb2
+from storage_service.protocol.placement import produce_address
+from storage_service.protocol.produce_frames import HELLO, FrameReader, check_hello, frame_head, hello
+from storage_service.protocol.tls import client_context
+from storage_service.security.certs import issue, make_ca
+
+from .conftest import wait_until
+
+pytestmark = pytest.mark.integration
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("secure")), secure=True)
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def stranger(tmp_path_factory):
+    """Files of another CA: a client trusting it, with a certificate it signed."""
+    folder = str(tmp_path_factory.mktemp("stranger"))
+    ca = make_ca(folder, "some other CA")
+    mine = issue(ca, folder, "client", "mallory")
+    return TlsFiles(ca.cert, mine.cert, mine.key)
+
+
+def test_a_tls_client_produces_and_reads_through_every_node(secure):
+    ca_only = TlsFiles(secure.tls.ca)
+    with Client(secure.endpoints, tls=ca_only) as c:
+        c.create_topic("tls", queues=2)
+        for q in range(2):
+            c.produce("tls", [f"m{q}-{i}".encode() for i in range(5)], queue=q)
+        for a in secure.addresses:                     # any node routes to the leader (peer calls)
+            with Client([a], tls=ca_only) as one:
+                assert [r.value for r in one.fetch("tls", 1, 0).records] == [f"m1-{i}".encode()
+                                                                          for i in range(5)]
+        st = c.cluster_status()                        # the node asks its peers, over TLS
+        assert {n["address"] for n in st["nodes"]} == set(secure.addresses)
+
+
+def test_a_plaintext_client_is_refused(secure):
+    with Client(secure.endpoints, timeout=3, attempt_timeout=1) as plain:
+        with pytest.raises(Unavailable):
+            plain.list_topics()
+    # the produce port too: a plaintext hello gets no hello back
+    host, port = produce_address(secure.addresses[0]).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(hello())
+        try:
+            answer = s.recv(HELLO.size)
+        except ConnectionResetError:
+            answer = b""
+        assert len(answer) < HELLO.size or answer[:4] != hello()[:4]
+
+
+def test_a_client_trusting_another_ca_is_refused(secure, stranger):
+    with Client(secure.endpoints, timeout=3, attempt_timeout=1, tls=stranger) as c:
+        with pytest.raises(Unavailable):
+            c.list_topics()
+    host, port = produce_address(secure.addresses[0]).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            client_context(stranger).wrap_socket(raw, server_hostname=host)
+
+
+def test_the_produce_port_speaks_tls(secure):
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca)) as c:
+        c.create_topic("tls-port", queues=1)
+        leader = next(a for a in secure.addresses
+                      if any(g["leader"] == a for n in c.cluster_status()["nodes"] if n["address"] == a
+                             for g in n["groups"] if g["group"] == c.group_of("tls-port", 0)))
+    host, port = produce_address(leader).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as raw:
+        with client_context(TlsFiles(secure.tls.ca)).wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(hello())
+            check_hello(s.recv(HELLO.size))
+            from rmq_spark.client._messages import to_block
+            req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
+                topic="tls-port", queue=0, records=to_block([b"over tls"]), count=1)])
+            body = req.SerializeToString()
+            s.sendall(frame_head(1, 1, len(body)) + body)
+            frames = FrameReader(1 << 20)
+            got = None
+            while got is None:
+                chunk = s.recv(1 << 16)
+                assert chunk, "the node closed the produce connection"
+                got = next(iter(frames.feed(chunk)), None)
+            assert got.code == 0, bytes(got.body)
+            outcome = rmq_pb2.ProduceBatchesResponse.FromString(bytes(got.body)).outcomes[0]
+            assert outcome.code == 0, outcome.message
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca)) as c:
+        assert [r.value for r in c.fetch("tls-port", 0, 0).records] == [b"over tls"]
+
+
+def test_nodes_requiring_client_certificates(tmp_path):
+    c = LocalCluster(nodes=1, groups=1, data_dir=str(tmp_path / "mtls"), secure=True,
+                     extra_args=["--tls-client-cert", "--replication-factor", "1"])
+    c.start()
+    try:
+        with Client(c.endpoints, timeout=3, attempt_timeout=1, tls=TlsFiles(c.tls.ca)) as anonymous:
+            with pytest.raises(Unavailable):
+                anonymous.list_topics()
+        with Client(c.endpoints, tls=c.tls) as admin:           # the admin's certificate
+            admin.create_topic("mtls", queues=1)
+            assert [t["name"] for t in admin.list_topics()] == ["mtls"]
+    finally:
+        c.stop()
+
+
+def test_rmq_storage_local_secure_and_the_cli(tmp_path):
+    p = subprocess.Popen([os.path.join(BIN, "rmq-storage"), "local", "--nodes", "1", "--groups", "1",
+                          "--replication-factor", "1", "--secure", "--data-dir", str(tmp_path)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        lines = [wait_until(lambda: p.stdout.readline(), timeout=60, what="endpoints line")]
+        lines.append(p.stdout.readline())
+        assert lines[0].startswith("endpoints: ") and lines[1].startswith("tls-ca: "), lines
+        endpoints, ca = lines[0].split(": ", 1)[1].strip(), lines[1].split(": ", 1)[1].strip()
+        assert ca == str(tmp_path / "security" / "ca.pem")
+        assert oct(os.stat(tmp_path / "security" / "ca-key.pem").st_mode & 0o777) == "0o600"
+        env = dict(os.environ, RMQ_ENDPOINTS=endpoints)
+        plain = subprocess.run([os.path.join(BIN, "rmq"), "topic", "list"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert plain.returncode == 2 and "no node answered" in plain.stderr
+        ok = subprocess.run([os.path.join(BIN, "rmq"), "topic", "create", "cli-tls", "--queues", "1"],
+                            env=dict(env, RMQ_TLS_CA=ca), capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        bad = subprocess.run([os.path.join(BIN, "rmq"), "--tls-ca", str(tmp_path / "none.pem"),
+                              "topic", "list"], env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "none.pem" in bad.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
