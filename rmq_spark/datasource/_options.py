@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from rmq_spark.client import parse_endpoints
+from rmq_spark.client import TlsFiles, parse_endpoints
 from rmq_spark.units import UnitError, parse_duration_ms
 from storage_service.protocol.tags import parse_tag_expression
 
@@ -29,8 +29,8 @@ READ_OPTIONS = (
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
-    "maxBytesPerFetch", "readArchive", "localReads")
-WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey")
+    "maxBytesPerFetch", "readArchive", "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
+WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
 
 # Options Spark itself passes on to a sink; they are not ours to check.
 _SPARK_OWNED = ("checkpointlocation",)
@@ -208,6 +208,28 @@ def _endpoints(opts: dict[str, str]) -> str:
         raise OptionError("endpoints", str(e)) from e
 
 
+def _tls(opts: dict[str, str]) -> TlsFiles | None:
+    """TLS files (``tlsCaFile``, and ``tlsCertFile`` + ``tlsKeyFile`` where nodes require
+    a client certificate), checked readable here, on the driver; executors read the
+    same paths (the files must be there too)."""
+    ca, cert, key = (opts.get(n) for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile"))
+    if not ca:
+        if cert or key:
+            raise OptionError("tlsCaFile", "required with tlsCertFile/tlsKeyFile: the CA the "
+                                           "nodes' certificates are checked against")
+        return None
+    if bool(cert) != bool(key):
+        raise OptionError("tlsCertFile" if key else "tlsKeyFile",
+                          "tlsCertFile and tlsKeyFile go together (a certificate and its key)")
+    tls = TlsFiles(ca, cert or None, key or None)
+    try:
+        tls.read()
+    except ValueError as e:
+        bad = next(n for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile") if opts.get(n) and opts[n] in str(e))
+        raise OptionError(bad, str(e)) from None
+    return tls
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """Reader options; see ``RocketMQDataSource`` for the reference of each."""
@@ -230,6 +252,7 @@ class ReadOptions:
     max_bytes_per_fetch: int = DEFAULT_FETCH_BYTES
     read_archive: bool = True
     local_reads: bool = True
+    tls: TlsFiles | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -254,7 +277,7 @@ class ReadOptions:
                   if name in opts}
         result = cls(endpoints=_endpoints(opts), topics=sub.topics, topic_pattern=sub.pattern,
                      assign=sub.assign, subscribed_by=sub.option, starting=_bound(opts, "starting"),
-                     ending=_bound(opts, "ending"), **values)
+                     ending=_bound(opts, "ending"), tls=_tls(opts), **values)
         result._check()
         return result
 
@@ -327,6 +350,7 @@ class WriteOptions:
     endpoints: str
     topic: str | None = None
     idempotence_key: str | None = None
+    tls: TlsFiles | None = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "WriteOptions":
@@ -337,4 +361,4 @@ class WriteOptions:
                               "'topic' column to write rows to several topics")
         key = opts.get("idempotenceKey")
         key = _nonempty("idempotenceKey", key) if key is not None else None
-        return cls(endpoints=_endpoints(opts), topic=topic, idempotence_key=key)
+        return cls(endpoints=_endpoints(opts), topic=topic, idempotence_key=key, tls=_tls(opts))

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from rmq_spark.archive.errors import ArchiveError
 from rmq_spark.archive.reader import read_files
-from rmq_spark.client import Client, OutOfRange
+from rmq_spark.client import Client, OutOfRange, TlsFiles
 from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch, with_headers
 from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.tags import parse_tag_expression
@@ -138,7 +138,7 @@ _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
 
 
-def worker_client(endpoints: str) -> Client:
+def worker_client(endpoints: str, tls: TlsFiles | None = None) -> Client:
     """One client per endpoints list for the life of this Python worker process.
 
     Spark reuses a Python worker for task after task (``spark.python.worker.reuse``,
@@ -147,16 +147,16 @@ def worker_client(endpoints: str) -> Client:
     and follows leader changes itself; it is closed when the process exits.
     """
     with _clients_lock:
-        client = _clients.get(endpoints)
+        client = _clients.get((endpoints, tls))
         if client is None:
-            client = _clients[endpoints] = Client(endpoints)
+            client = _clients[(endpoints, tls)] = Client(endpoints, tls=tls)
         return client
 
 
 def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow RecordBatches, one per fetch."""
     reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
-    client = worker_client(opts.endpoints)
+    client = worker_client(opts.endpoints, opts.tls)
     pool = ThreadPoolExecutor(1, thread_name_prefix="rmq-prefetch")
     try:
         fetcher = _Fetcher(client, opts, part)

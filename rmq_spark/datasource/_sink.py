@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_spark.client import Client, NotFound
+from rmq_spark.client import Client, NotFound, TlsFiles
 
 from ._encode import encode_block, row_sizes
 from ._writer_plan import SinkPlan
@@ -240,11 +240,12 @@ class _TaskWriter:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def send_tails(endpoints: str, work: list[tuple[str, Tail]]) -> tuple[int, int]:
+def send_tails(endpoints: str, work: list[tuple[str, Tail]],
+               tls: TlsFiles | None = None) -> tuple[int, int]:
     """Driver: send (producer id, tail) calls; returns (rows, duplicate rows)."""
     if not work:
         return 0, 0
-    client = Client(endpoints)
+    client = Client(endpoints, tls=tls)
     try:
         with ThreadPoolExecutor(8, thread_name_prefix="rmq-tails") as pool:
             # each (producer, topic, queue) has one tail, so all of them may run at once
@@ -259,7 +260,7 @@ def send_tails(endpoints: str, work: list[tuple[str, Tail]]) -> tuple[int, int]:
 def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], producer_id: str,
                batch_id: int, partition: int) -> TaskResult:
     """Write one task's rows exactly once; returns what was written."""
-    client = Client(plan.endpoints)
+    client = Client(plan.endpoints, tls=plan.tls)
     writer = _TaskWriter(plan, client, producer_id, batch_id, partition)
     try:
         for batch in batches:

@@ -38,6 +38,10 @@ class RocketMQDataSource(DataSource):
     -------------
     endpoints : str, required
         Storage nodes, ``"host:port[,host:port...]"``. Example ``"127.0.0.1:9100"``.
+    tlsCaFile, tlsCertFile, tlsKeyFile : str, paths
+        A cluster with TLS: the CA its nodes' certificates are signed by, and a
+        client certificate and key where the nodes require one. Paths, not
+        contents: the driver checks them, executors read the same paths.
 
     Read options
     ------------

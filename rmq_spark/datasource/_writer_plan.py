@@ -11,7 +11,7 @@ import pyarrow as pa
 from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, MapType, ShortType,
                                StringType, StructType, TimestampNTZType, TimestampType)
 
-from rmq_spark.client import Client, NotFound
+from rmq_spark.client import Client, NotFound, TlsFiles
 
 from ._encode import normalize_columns
 from ._options import WriteOptions
@@ -43,7 +43,7 @@ def _check_column(name: str, dtype) -> None:
 
 
 def _check_topic_exists(opts: WriteOptions) -> None:
-    with Client(opts.endpoints) as client:
+    with Client(opts.endpoints, tls=opts.tls) as client:
         try:
             client.describe_topic(opts.topic)
         except NotFound as e:
@@ -56,6 +56,7 @@ class SinkPlan:
     endpoints: str
     topic: str | None            # the 'topic' option: overrides a topic column
     columns: tuple[str, ...]     # written columns present in the DataFrame
+    tls: TlsFiles | None = None
 
     @classmethod
     def from_schema(cls, schema: StructType, opts: WriteOptions) -> "SinkPlan":
@@ -75,7 +76,7 @@ class SinkPlan:
                               "column")
         if opts.topic is not None:
             _check_topic_exists(opts)
-        return cls(opts.endpoints, opts.topic, tuple(n for n in names if n in _ALLOWED))
+        return cls(opts.endpoints, opts.topic, tuple(n for n in names if n in _ALLOWED), opts.tls)
 
     def _col(self, batch: pa.RecordBatch, name: str) -> pa.Array | None:
         return batch.column(name) if name in self.columns else None
