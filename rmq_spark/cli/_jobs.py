@@ -143,7 +143,8 @@ def cmd_compact(client: Client, a) -> int:
         return 2
     return _run_job(client, "compact", "compacting", a.topic, s.available_now,
                     lambda spark: compact_topic(spark, a.endpoints, a.topic, s.table, a.trigger or AVAILABLE_NOW,
-                                                s.checkpoint, s.buckets, s.max_offsets_per_trigger, _report),
+                                                s.checkpoint, s.buckets, s.max_offsets_per_trigger, _report,
+                                                tls=client.tls),
                     lambda: f"compacted {a.topic} into {s.table}")
 
 

@@ -24,7 +24,7 @@ from typing import Callable
 from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_log
-from rmq_spark.client import Client
+from rmq_spark.client import Client, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
@@ -51,6 +51,7 @@ class CompactSettings:
     trigger: dict
     buckets: int = DEFAULT_BUCKETS
     max_offsets_per_trigger: int | None = None
+    tls: TlsFiles | None = None          # the cluster's TLS files (from the checking client)
 
     @classmethod
     def create(cls, client: Client, endpoints: str, topic: str, table: str | None = None,
@@ -90,7 +91,7 @@ class CompactSettings:
                 raise CompactionConfigError(str(e)) from None
         if current is None:
             client.alter_topic(topic, compacted_table=f"delta:{path}")
-        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger)
+        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger, client.tls)
 
     @property
     def available_now(self) -> bool:
@@ -100,7 +101,7 @@ class CompactSettings:
 def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
                   trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
                   buckets: int = DEFAULT_BUCKETS, max_offsets_per_trigger: int | None = None,
-                  progress: Callable[[str], None] | None = None):
+                  progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None):
     """Compact ``topic`` into the Delta table at ``table`` (default: the topic's table).
 
     ``trigger``: ``"available-now"`` (compact what is there, then return the
@@ -108,8 +109,9 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     query). ``checkpoint`` defaults to ``TABLE/_rmq_checkpoints/TOPIC`` so a
     rerun resumes. ``buckets`` (fixed when the table is created) spreads
     keys over partitions for point lookups. ``progress`` gets a line per batch.
+    ``tls``: a cluster with TLS (its CA, and a client certificate where required).
     """
-    with Client(endpoints) as client:
+    with Client(endpoints, tls=tls) as client:
         s = CompactSettings.create(client, endpoints, topic, table, trigger, checkpoint,
                                    buckets, max_offsets_per_trigger)
         starting = None
@@ -122,7 +124,7 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     buckets_now = _ensure_table(spark, s)
     say = progress or (lambda line: log.info("%s", line))
     writer = _BatchWriter(s, buckets_now, say)
-    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger)
+    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls)
     w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
          .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
     with session_conf(spark, UTC_CONF):
@@ -176,7 +178,7 @@ class _BatchWriter:
              .execute())
         end = _checkpoint.batch_end(self.s.checkpoint, batch_id, self.s.topic)
         if end:
-            with Client(self.s.endpoints) as client:
+            with Client(self.s.endpoints, tls=self.s.tls) as client:
                 client.set_watermark(self.s.topic, "compaction", end)
         self.say(f"compact {self.s.topic}: batch {batch_id} merged, compacted to "
                  + " ".join(f"q{q}={o}" for q, o in sorted(end.items())))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
-from rmq_spark.client import Client, NotFound
+from rmq_spark.client import Client, NotFound, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW
 from rmq_spark.jobs.checkpoint import checkpoint_under, location
 
@@ -110,6 +110,7 @@ class TierSettings:
     fail_on_data_loss: bool = True
     vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS
     retention_check_s: float = 60.0
+    tls: TlsFiles | None = None          # the cluster's TLS files, for every client of the job
 
     @classmethod
     def create(cls, client: Client, endpoints: str, topic: str, archive: str | None = None,
@@ -118,6 +119,7 @@ class TierSettings:
                fail_on_data_loss: bool = True,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0) -> "TierSettings":
+        """Checked against the cluster ``client`` reaches (its TLS files go to the job)."""
         trig = parse_trigger(trigger)
         jobs.check_max_offsets(max_offsets_per_trigger, TierConfigError)
         if vacuum_retain_hours < 0:
@@ -128,7 +130,7 @@ class TierSettings:
         tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
-                   retention_check_s)
+                   retention_check_s, client.tls)
 
     @property
     def available_now(self) -> bool:

@@ -29,7 +29,7 @@ from typing import Callable
 from rmq_spark import fs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_txn_version
-from rmq_spark.client import Client
+from rmq_spark.client import Client, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
@@ -63,7 +63,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
                fail_on_data_loss: bool = True,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0,
-               progress: Callable[[str], None] | None = None):
+               progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None):
     """Archive ``topic`` into its Delta/Parquet archive with a streaming query.
 
     Parameters
@@ -99,6 +99,9 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
         Archive retention runs at start and then at most this often.
     progress : callable, optional
         Receives one line per committed batch (default: logged at INFO).
+    tls : TlsFiles, optional
+        A cluster with TLS: its CA (and a client certificate where required),
+        for the job's own calls and its source.
 
     Returns
     -------
@@ -106,7 +109,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
         Terminated for ``available-now`` (its exception, if any, is raised),
         running otherwise.
     """
-    client = Client(endpoints)
+    client = Client(endpoints, tls=tls)
     try:
         settings = TierSettings.create(
             client, endpoints, topic, archive, format, trigger, checkpoint,
@@ -118,7 +121,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
 
 def start_tiering(spark, settings: TierSettings, progress: Callable[[str], None] | None = None):
     """``tier_topic`` for settings already checked (``TierSettings.create``)."""
-    client = Client(settings.endpoints)
+    client = Client(settings.endpoints, tls=settings.tls)
     try:
         run = _Run(spark, settings, client, progress or (lambda line: log.info("%s", line)))
         query = run.start()
@@ -150,9 +153,9 @@ class _Run:
         self._end: dict[int, int] = {}
         self._legacy_done: int | None = None   # last batch committed under the pre-fence app id
         self._table_found = False              # the Delta archive has a log (it stays so)
-        self.lease = TierLease(settings.endpoints, settings.topic,
-                               os.path.normpath(settings.checkpoint) if fs.is_local(settings.checkpoint)
-                               else settings.checkpoint)
+        owner = (os.path.normpath(settings.checkpoint) if fs.is_local(settings.checkpoint)
+                 else settings.checkpoint)
+        self.lease = TierLease(settings.endpoints, settings.topic, owner, tls=settings.tls)
         self._lease_lost: LeaseLost | None = None
         self.finished = threading.Event()      # the monitor is done (watch)
         self.failure: BaseException | None = None
@@ -204,7 +207,7 @@ class _Run:
     def _frame(self, starting: dict[int, int] | None):
         s = self.s
         return layout.archive_frame(hot_stream(
-            self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger,
+            self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger, tls=s.tls,
             failOnDataLoss=str(s.fail_on_data_loss).lower()))
 
     def _writer(self, frame):

@@ -58,3 +58,26 @@ def test_tls_options_are_checked_on_the_driver(spark, secure, tmp_path):
                         ({"tlsCaFile": secure.tls.ca, "tlsCertFile": secure.tls.cert}, "tlsKeyFile")):
         with pytest.raises(PySparkException, match=text):
             spark.read.format("rocketmq").options(**base, **extra).load().count()
+
+
+def test_tiering_and_compaction_jobs_over_tls(spark, secure, tmp_path):
+    from rmq_spark.client import Message
+    from rmq_spark.compaction import CompactedTable, compact_topic
+    from rmq_spark.tiering import tier_topic
+    with Client(secure.endpoints, tls=secure.tls) as c:
+        c.create_topic("tier-tls", queues=2)
+        c.create_topic("compact-tls", queues=2, cleanup_policy="compact")
+        for q in range(2):
+            c.produce("tier-tls", [f"t{q}-{i}".encode() for i in range(10)], queue=q)
+            c.produce("compact-tls", [Message(f"v{i}".encode(), key=f"k{q}".encode())
+                                      for i in range(3)], queue=q)
+        q = tier_topic(spark, secure.endpoints, "tier-tls", archive=str(tmp_path / "archive"),
+                       tls=secure.tls)
+        assert not q.isActive
+        assert spark.read.format("delta").load(str(tmp_path / "archive")).count() == 20
+        assert all(i["archived"] == 10 for i in c.describe_topic("tier-tls")["queue_info"])
+        q = compact_topic(spark, secure.endpoints, "compact-tls", table=str(tmp_path / "table"),
+                          tls=secure.tls)
+        assert not q.isActive
+        table = CompactedTable(str(tmp_path / "table"))
+        assert table.get(b"k0").value == b"v2" and table.get(b"k1").value == b"v2"
