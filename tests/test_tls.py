@@ -154,3 +154,22 @@ def test_rmq_storage_local_secure_and_the_cli(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
+    # the same data without --secure: refused, never served in plaintext
+    again = subprocess.run([os.path.join(BIN, "rmq-storage"), "local", "--data-dir", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--secure" in again.stderr, again.stderr
+
+
+def test_a_node_with_unusable_tls_files_stops_before_starting_anything(tmp_path, stranger):
+    from storage_service.security.certs import ensure_local
+    ca, node, _ = ensure_local(str(tmp_path / "c"), ("127.0.0.1",))
+    data = tmp_path / "node"
+    for cert, key, text in ((node.cert, stranger.key, "KEY_VALUES_MISMATCH|key values mismatch"),
+                            (node.cert, str(tmp_path / "none.pem"), "none.pem")):
+        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+                              "--nodes", "127.0.0.1:1", "--data-dir", str(data), "--tls-ca", ca.cert,
+                              "--tls-cert", cert, "--tls-key", key],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "TLS:" in out.stderr, out.stderr
+        assert __import__("re").search(text, out.stderr), out.stderr
+        assert not data.exists()                       # nothing was started or written

@@ -64,8 +64,15 @@ def _tls(a) -> TlsFiles | None:
             raise ValueError("--tls-cert/--tls-key need --tls-ca (or RMQ_TLS_CA): the CA the "
                              "nodes' certificates are checked against")
         return None
+    import ssl
+
+    from storage_service.protocol.tls import client_context
     tls = TlsFiles(a.tls_ca, a.tls_cert, a.tls_key)
-    tls.read()
+    try:
+        client_context(tls)            # the PEMs parse, and a key belongs to its certificate
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"TLS files (--tls-ca {a.tls_ca}, --tls-cert {a.tls_cert}, "
+                         f"--tls-key {a.tls_key}): {e}") from None
     return tls
 
 
@@ -83,8 +90,12 @@ def main(argv=None) -> int:
     try:
         with Client(endpoints, tls=tls) as client:
             if not _reachable(client, endpoints):
+                tls_hint = (" Over TLS: is --tls-ca the cluster's CA, and do the nodes want a client "
+                            "certificate (--tls-cert/--tls-key)?" if tls else
+                            " If the cluster uses TLS, give --tls-ca (or RMQ_TLS_CA).")
                 print(f"rmq: no node answered at {', '.join(endpoints)} within {CONNECT_SECONDS:.0f} s: "
-                      "is the cluster running, and are --endpoints / RMQ_ENDPOINTS right?", file=sys.stderr)
+                      "is the cluster running, and are --endpoints / RMQ_ENDPOINTS right?" + tls_hint,
+                      file=sys.stderr)
                 return 2
             return COMMANDS[a.cmd](client, a)
     except (RmqError, ValueError, StoreError) as e:      # StoreError: an archive or table's store

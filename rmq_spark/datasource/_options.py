@@ -7,6 +7,7 @@ rule is checked with ``if ... raise OptionError``.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -221,11 +222,13 @@ def _tls(opts: dict[str, str]) -> TlsFiles | None:
     if bool(cert) != bool(key):
         raise OptionError("tlsCertFile" if key else "tlsKeyFile",
                           "tlsCertFile and tlsKeyFile go together (a certificate and its key)")
-    tls = TlsFiles(ca, cert or None, key or None)
+    absolute = (lambda p: os.path.abspath(p) if p else None)    # executors may run elsewhere
+    tls = TlsFiles(absolute(ca), absolute(cert), absolute(key))
     try:
         tls.read()
     except ValueError as e:
-        bad = next(n for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile") if opts.get(n) and opts[n] in str(e))
+        bad = next((n for n in ("tlsCaFile", "tlsCertFile", "tlsKeyFile")
+                    if opts.get(n) and opts[n] in str(e)), "tlsCaFile")
         raise OptionError(bad, str(e)) from None
     return tls
 

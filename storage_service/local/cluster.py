@@ -44,6 +44,9 @@ class LocalCluster:
         self._lock = DirectoryLock(self.data_dir).acquire()
         try:
             self._configure(nodes, groups, port, host, fsync, extra_args, log_dir, hosts)
+            if not secure and os.path.exists(os.path.join(self.data_dir, "security", "ca.pem")):
+                raise ValueError(f"{self.data_dir} holds a cluster made with --secure (TLS): start it "
+                                 "with --secure, so it is not served in plaintext")
             self.tls = self._secure() if secure else None
         except BaseException:
             self._lock.release()

@@ -59,6 +59,7 @@ def make_ca(folder: str, name: str = "rmq-spark cluster CA") -> Issued:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
                            critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     out = Issued(os.path.join(folder, "ca.pem"), os.path.join(folder, "ca-key.pem"))
     _write(out.key, _key_pem(key), private=True)
@@ -87,7 +88,12 @@ def issue(ca: Issued, folder: str, stem: str, common_name: str, hosts: tuple[str
          .not_valid_before(start).not_valid_after(start + dt.timedelta(days=days))
          .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
          .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+         .add_extension(x509.KeyUsage(True, False, False, False, False, False, False, False, False),
+                        critical=True)
+         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),
+                        critical=False))
     if names:
         b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = b.sign(ca_key, hashes.SHA256())
@@ -97,16 +103,32 @@ def issue(ca: Issued, folder: str, stem: str, common_name: str, hosts: tuple[str
     return out
 
 
+def _names_cover(cert_path: str, names: tuple[str, ...]) -> bool:
+    """Whether the certificate's subject alternative names include every one of ``names``."""
+    with open(cert_path, "rb") as f:
+        cert = x509.load_pem_x509_certificate(f.read())
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    have = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
+    return set(names) <= have
+
+
 def ensure_local(data_dir: str, hosts: tuple[str, ...]) -> tuple[Issued, Issued, Issued]:
     """(CA, node, admin client) under ``DATA_DIR/security``; made once, kept after."""
     folder = os.path.join(data_dir, "security")
     os.makedirs(folder, exist_ok=True)
     ca = Issued(os.path.join(folder, "ca.pem"), os.path.join(folder, "ca-key.pem"))
-    if not (os.path.exists(ca.cert) and os.path.exists(ca.key)):
-        ca = make_ca(folder)
     node = Issued(os.path.join(folder, "node.pem"), os.path.join(folder, "node-key.pem"))
-    if not os.path.exists(node.cert):
-        node = issue(ca, folder, "node", "node", tuple(dict.fromkeys((*hosts, "127.0.0.1", "localhost"))))
+    if not (os.path.exists(ca.cert) and os.path.exists(ca.key)):
+        if os.path.exists(node.cert):
+            raise ValueError(f"{folder}: certificates are there but not the CA (ca.pem and "
+                             "ca-key.pem); put them back - a new CA would not be trusted by them")
+        ca = make_ca(folder)
+    names = tuple(dict.fromkeys((*hosts, "127.0.0.1", "localhost")))
+    if not os.path.exists(node.cert) or not _names_cover(node.cert, names):
+        node = issue(ca, folder, "node", "node", names)
     admin = Issued(os.path.join(folder, "admin.pem"), os.path.join(folder, "admin-key.pem"))
     if not os.path.exists(admin.cert):
         admin = issue(ca, folder, "admin", "admin")

@@ -106,6 +106,11 @@ def run_node(args) -> int:
     if args.tls_client_cert and not tls_given:
         print("--tls-client-cert needs --tls-ca, --tls-cert and --tls-key", file=sys.stderr)
         return 2
+    if tls_given:
+        problem = _tls_problem(args.tls_ca, args.tls_cert, args.tls_key)
+        if problem:
+            print(f"rmq-storage: TLS: {problem}", file=sys.stderr)
+            return 2
     try:
         node = _make_node(args, addresses)
     except DirectoryInUse as e:
@@ -125,6 +130,22 @@ def run_node(args) -> int:
     server.stop(grace=1)
     node.stop()
     return 0
+
+
+def _tls_problem(ca: str, cert: str, key: str) -> str | None:
+    """What is wrong with the TLS files, before the node starts anything (a bad
+    file found later would leave a started node that never serves)."""
+    import ssl
+
+    from ..protocol.tls import TlsFiles, client_context, server_context
+    try:
+        files = TlsFiles(ca, cert, key)
+        files.read()
+        server_context(files)          # PEMs parse, and the key belongs to the certificate
+        client_context(files)
+    except (ValueError, OSError, ssl.SSLError) as e:
+        return f"{e} (--tls-ca {ca}, --tls-cert {cert}, --tls-key {key})"
+    return None
 
 
 def _make_node(args, addresses: tuple[str, ...]):

@@ -108,6 +108,8 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self.committers: dict[int, GroupCommitter] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
+        # TLS to peers: read once at start (a file rotated later must not fail a peer call)
+        self._peer_credentials = None if config.tls is None else channel_credentials(config.tls)
         self.files = OpenFiles(open_files_limit(config.max_open_files))
         os.makedirs(config.data_dir, exist_ok=True)
         self.disk = DiskSpace(config.data_dir, config.min_free_bytes)
@@ -396,8 +398,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
             if ch is None:
                 ch = self._channels[address] = (
                     grpc.insecure_channel(address, options=GRPC_OPTIONS) if self.config.tls is None
-                    else grpc.secure_channel(address, channel_credentials(self.config.tls),
-                                             options=GRPC_OPTIONS))
+                    else grpc.secure_channel(address, self._peer_credentials, options=GRPC_OPTIONS))
         return rmq_pb2_grpc.MessageLogStub(ch)
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:

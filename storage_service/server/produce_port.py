@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
+HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -114,9 +115,10 @@ class ProduceWireServer:
                 if not full:
                     self._conns.add(conn)
             if full:
-                _try_send_error(conn, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"{self.max_connections} produce connections open; the limit is "
-                                f"{self.max_connections}: retry later or over gRPC")
+                if self._ssl is None:            # (a plaintext frame means nothing to a TLS client)
+                    _try_send_error(conn, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"{self.max_connections} produce connections open; the limit is "
+                                    f"{self.max_connections}: retry later or over gRPC")
                 conn.close()
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="produce-wire-conn",
@@ -127,7 +129,12 @@ class ProduceWireServer:
         try:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             if self._ssl is not None:
+                conn.settimeout(HANDSHAKE_SECONDS)
                 conn = self._ssl.wrap_socket(conn, server_side=True)
+                conn.settimeout(IDLE_SECONDS)
+                with self._lock:             # stop() shuts down the socket in use now
+                    self._conns.discard(plain)
+                    self._conns.add(conn)
             check_hello(recv_exact(conn, HELLO.size))
             conn.sendall(hello())
             frames = FrameReader(self.max_frame)
@@ -153,6 +160,7 @@ class ProduceWireServer:
         finally:
             with self._lock:
                 self._conns.discard(plain)
+                self._conns.discard(conn)
             conn.close()
 
     def _answer(self, method: int, body: bytearray) -> tuple[int, bytes]:
