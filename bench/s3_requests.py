@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 
-from spark_read import compile_sources  # noqa: F401  (puts the checkout on sys.path)
+from spark_read import compile_sources  # also puts the checkout on sys.path
 
 log = logging.getLogger("bench.s3_requests")
 QUEUES, PER_QUEUE, BATCHES = 4, 600, 6
@@ -29,6 +29,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    compile_sources()
     from tests.s3server import S3Server
 
     with tempfile.TemporaryDirectory(prefix="rmq-bench-s3req-") as root:

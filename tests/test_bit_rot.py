@@ -7,7 +7,6 @@ live raft journal record of a follower, the cluster restarted under load.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 

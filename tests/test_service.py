@@ -8,7 +8,7 @@ import time
 import grpc
 import pytest
 
-from rmq_spark.client import (Client, InvalidArgument, Message, NotFound, NotLeader, OutOfRange,
+from rmq_spark.client import (Client, InvalidArgument, Message, NotFound, OutOfRange,
                               ResourceExhausted)
 from rmq_spark.client._messages import to_pb as client_to_pb
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc

@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import struct
 import threading
 import time
 from dataclasses import dataclass

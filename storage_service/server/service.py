@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import time
 import zlib
 
 import grpc
@@ -18,7 +17,7 @@ from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.fetch_wire import encode_fetch_response
 from ..protocol.localread import host_id
-from ..protocol.placement import GRPC_OPTIONS, META_GROUP, produce_address, raft_address
+from ..protocol.placement import META_GROUP, produce_address, raft_address
 from ..protocol.tags import filter_batches, parse_tag_expression
 from ..protocol.tls import server_context
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
