@@ -96,7 +96,7 @@ class LocalCluster:
         saved = self._saved()
         if saved and not port:
             return saved["addresses"]
-        span = 3      # gRPC, raft (all groups of the node), produce port
+        span = 4      # gRPC, raft (all groups of the node), produce port, cluster port (TLS)
         if port:
             bases = [port + i * span for i in range(self.nodes)]
         else:
@@ -115,8 +115,8 @@ class LocalCluster:
 
     def add_node(self, timeout: float = 60.0, start: bool = True) -> int:
         """Start one more node that joins the running cluster (``--join``); its index."""
-        used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(3)]
-        base = free_port_block(3, self.host, used)
+        used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(4)]
+        base = free_port_block(4, self.host, used)
         self.addresses.append(f"{self.host}:{base}")
         self.hosts.append(self.host)
         self.procs.append(None)

@@ -68,6 +68,16 @@ def raft_address(grpc_address: str) -> str:
     return f"{host}:{int(port) + 1}"
 
 
+def cluster_address(grpc_address: str) -> str:
+    """A TLS node's cluster port (``server/dispatch.py``): gRPC port + 3, the same
+    service for its peers, where a caller must show a certificate (mTLS): nodes call
+    each other there, so a node knows a peer by its certificate even when clients
+    come with tokens and no certificate (Python's gRPC cannot ask for a certificate
+    without requiring one). Bound only with TLS."""
+    host, port = grpc_address.rsplit(":", 1)
+    return f"{host}:{int(port) + 3}"
+
+
 def produce_address(grpc_address: str) -> str:
     """A node's produce port (``server/produce_port.py``): gRPC port + 2.
 

@@ -93,13 +93,14 @@ class RaftLoop:
     _construct = threading.Lock()   # createPoller is swapped while a group is built
 
     def __init__(self, tick: float = 0.1, name: str = "raft", listen: str | None = None,
-                 connection_timeout: float = 3.5):
+                 connection_timeout: float = 3.5, tls=None):
         """``listen``: the node's raft address; its groups then share one port and one
         connection per peer (``mux.RaftHub``). Without it each group runs
-        pysyncobj's own TCP transport on its own address."""
+        pysyncobj's own TCP transport on its own address. ``tls``: the hub's
+        ``tls_wire.RaftTls`` (only nodes of the cluster may connect)."""
         self.tick = tick
         self.poller = PollPoller()
-        self.hub = RaftHub(listen, self.poller, timeout=connection_timeout) if listen else None
+        self.hub = RaftHub(listen, self.poller, timeout=connection_timeout, tls=tls) if listen else None
         self.groups: list["LoopGroup"] = []
         # Journal syncs run on a thread of their own: waiting for the disk on
         # the raft thread held up every group of the node (under produce load

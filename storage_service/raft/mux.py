@@ -37,10 +37,10 @@ import time
 
 from pysyncobj.monotonic import monotonic as monotonic_time
 from pysyncobj.tcp_connection import CONNECTION_STATE
-from pysyncobj.tcp_server import TcpServer
 from pysyncobj.transport import Transport
 
 from . import transport
+from .tls_wire import HubServer, RaftTls, make_connection
 from .transport import FastTcpConnection
 
 __all__ = ["MuxTransport", "RaftHub"]
@@ -76,15 +76,18 @@ class RaftHub:
     """
 
     def __init__(self, address: str, poller, timeout: float = 3.5, retry: float = 0.5,
-                 buffer_bytes: int = 1 << 20):
+                 buffer_bytes: int = 1 << 20, tls: RaftTls | None = None):
+        """``tls``: both ends of every connection show a node certificate of the
+        cluster (``tls_wire``); None: plaintext."""
         self.address = address
+        self.tls = tls
         self._poller = poller
         self.timeout = timeout
         self.retry = retry
         self._buffer = buffer_bytes
         transport.install()          # accepted connections are FastTcpConnections too
         host, port = address.rsplit(":", 1)
-        self._server = TcpServer(poller, host, int(port), onNewConnection=self._accepted,
+        self._server = HubServer(poller, host, int(port), onNewConnection=self._accepted, tls=tls,
                                  sendBufferSize=buffer_bytes, recvBufferSize=buffer_bytes,
                                  connectionTimeout=timeout)
         try:
@@ -172,8 +175,8 @@ class RaftHub:
         if now - self._last_try.get(peer, -1e9) < self.retry:
             return
         self._last_try[peer] = now
-        conn = FastTcpConnection(poller=self._poller, timeout=self.timeout,
-                                 sendBufferSize=self._buffer, recvBufferSize=self._buffer)
+        conn = make_connection(self._poller, self.tls, timeout=self.timeout,
+                               sendBufferSize=self._buffer, recvBufferSize=self._buffer)
         c = _Conn(conn, peer, outgoing=True)
         conn.setOnConnectedCallback(functools.partial(self._out_connected, c))
         conn.setOnMessageReceivedCallback(functools.partial(self._received, c))

@@ -35,7 +35,7 @@ import grpc
 
 from ..proto import rmq_pb2
 from ..protocol.errors import RETRY_AFTER_METADATA_KEY
-from ..protocol.placement import GRPC_OPTIONS
+from ..protocol.placement import GRPC_OPTIONS, cluster_address
 from ..protocol.tls import TlsFiles, server_credentials
 from .guard import _decoder
 
@@ -121,6 +121,7 @@ class AsyncServer:
             server.add_insecure_port(f"{host}:{port}")
         else:
             server.add_secure_port(f"{host}:{port}", server_credentials(self.tls, self.tls_client_cert))
+            server.add_secure_port(cluster_address(address), server_credentials(self.tls, True))
         await server.start()
         return server
 

@@ -22,9 +22,10 @@ from ..log.diskspace import DiskSpace
 from ..log.handles import OpenFiles, open_files_limit
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
-from ..protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, grpc_address, raft_address
+from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, group_of, grpc_address, raft_address
 from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
+from ..raft.tls_wire import RaftTls
 from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
@@ -82,6 +83,8 @@ class NodeConfig:
     timing: RaftTiming = field(default_factory=RaftTiming)
     tls: TlsFiles | None = None         # TLS on the gRPC and produce ports, and to peers (security/)
     tls_client_cert: bool = False       # clients must present a certificate of the cluster's CA
+    node_names: tuple[str, ...] = ()    # TLS: certificate common names of the cluster's nodes
+                                        # (default: this node's own certificate's)
 
     @property
     def address(self) -> str:
@@ -115,7 +118,9 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self.disk = DiskSpace(config.data_dir, config.min_free_bytes)
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
                                   listen=raft_address(config.address),
-                                  connection_timeout=max(3.5, config.timing.max_timeout))
+                                  connection_timeout=max(3.5, config.timing.max_timeout),
+                                  tls=None if config.tls is None else
+                                  RaftTls(config.tls, frozenset(config.node_names)))
         # The placement this node starts from, until the metadata group's record
         # is applied here (hosting.py): which data groups it hosts and where the others are.
         meta_members, meta_index = config.addresses, 0
@@ -393,12 +398,14 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
 
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
+        """A peer's service; with TLS on its cluster port, as this node (its certificate)."""
         with self._channels_lock:
             ch = self._channels.get(address)
             if ch is None:
                 ch = self._channels[address] = (
                     grpc.insecure_channel(address, options=GRPC_OPTIONS) if self.config.tls is None
-                    else grpc.secure_channel(address, self._peer_credentials, options=GRPC_OPTIONS))
+                    else grpc.secure_channel(cluster_address(address), self._peer_credentials,
+                                             options=GRPC_OPTIONS))
         return rmq_pb2_grpc.MessageLogStub(ch)
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:
