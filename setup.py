@@ -51,6 +51,9 @@ setup(
         "pyarrow>=15",
         # a cluster's CA and certificates for `rmq-storage local --secure` (security/certs.py)
         "cryptography>=42",
+        # bearer tokens (security/tokens.py): standard JWTs (HS256) whose signature, expiry
+        # and claims a maintained library checks, readable by any JWT tool
+        "PyJWT>=2.8",
     ],
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],

@@ -1,8 +1,10 @@
-"""TLS on the nodes' gRPC and produce ports and between nodes (issue 22, first part).
+"""TLS on the nodes' gRPC and produce ports and between nodes (issue 22).
 
 A real cluster made with ``secure=True`` (``rmq-storage local --secure``): a CA,
-a node and an admin certificate under its data directory
-(``storage_service/security/certs.py``). The raft port is not TLS yet.
+a node and an admin certificate, a token secret and the admin's token under its
+data directory (``storage_service/security/certs.py``, ``tokens.py``). Clients
+here come as the admin (its token); principals and ACLs are ``test_security.py``;
+the raft port's TLS is ``test_raft_tls.py``.
 """
 from __future__ import annotations
 
@@ -49,12 +51,12 @@ def stranger(tmp_path_factory):
 
 def test_a_tls_client_produces_and_reads_through_every_node(secure):
     ca_only = TlsFiles(secure.tls.ca)
-    with Client(secure.endpoints, tls=ca_only) as c:
+    with Client(secure.endpoints, tls=ca_only, token=secure.token) as c:
         c.create_topic("tls", queues=2)
         for q in range(2):
             c.produce("tls", [f"m{q}-{i}".encode() for i in range(5)], queue=q)
         for a in secure.addresses:                     # any node routes to the leader (peer calls)
-            with Client([a], tls=ca_only) as one:
+            with Client([a], tls=ca_only, token=secure.token) as one:
                 assert [r.value for r in one.fetch("tls", 1, 0).records] == [f"m1-{i}".encode()
                                                                           for i in range(5)]
         st = c.cluster_status()                        # the node asks its peers, over TLS
@@ -87,7 +89,7 @@ def test_a_client_trusting_another_ca_is_refused(secure, stranger):
 
 
 def test_the_produce_port_speaks_tls(secure):
-    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca)) as c:
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token) as c:
         c.create_topic("tls-port", queues=1)
         leader = next(a for a in secure.addresses
                       if any(g["leader"] == a for n in c.cluster_status()["nodes"] if n["address"] == a
@@ -95,7 +97,7 @@ def test_the_produce_port_speaks_tls(secure):
     host, port = produce_address(leader).rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as raw:
         with client_context(TlsFiles(secure.tls.ca)).wrap_socket(raw, server_hostname=host) as s:
-            s.sendall(hello())
+            s.sendall(hello(secure.token))
             check_hello(s.recv(HELLO.size))
             from rmq_spark.client._messages import to_block
             req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
@@ -111,7 +113,7 @@ def test_the_produce_port_speaks_tls(secure):
             assert got.code == 0, bytes(got.body)
             outcome = rmq_pb2.ProduceBatchesResponse.FromString(bytes(got.body)).outcomes[0]
             assert outcome.code == 0, outcome.message
-    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca)) as c:
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token) as c:
         assert [r.value for r in c.fetch("tls-port", 0, 0).records] == [b"over tls"]
 
 
@@ -136,17 +138,24 @@ def test_rmq_storage_local_secure_and_the_cli(tmp_path):
                          stdout=subprocess.PIPE, text=True)
     try:
         lines = [wait_until(lambda: p.stdout.readline(), timeout=60, what="endpoints line")]
-        lines.append(p.stdout.readline())
+        lines += [p.stdout.readline(), p.stdout.readline()]
         assert lines[0].startswith("endpoints: ") and lines[1].startswith("tls-ca: "), lines
-        endpoints, ca = lines[0].split(": ", 1)[1].strip(), lines[1].split(": ", 1)[1].strip()
+        assert lines[2].startswith("admin-token-file: "), lines
+        endpoints, ca, token_file = (line.split(": ", 1)[1].strip() for line in lines[:3])
         assert ca == str(tmp_path / "security" / "ca.pem")
-        assert oct(os.stat(tmp_path / "security" / "ca-key.pem").st_mode & 0o777) == "0o600"
+        assert token_file == str(tmp_path / "security" / "admin.token")
+        for private in ("ca-key.pem", "token-secret", "admin.token"):
+            assert oct(os.stat(tmp_path / "security" / private).st_mode & 0o777) == "0o600", private
         env = dict(os.environ, RMQ_ENDPOINTS=endpoints)
         plain = subprocess.run([os.path.join(BIN, "rmq"), "topic", "list"], env=env,
                                capture_output=True, text=True, timeout=60)
         assert plain.returncode == 2 and "no node answered" in plain.stderr
+        anonymous = subprocess.run([os.path.join(BIN, "rmq"), "topic", "create", "cli-tls", "--queues", "1"],
+                                   env=dict(env, RMQ_TLS_CA=ca), capture_output=True, text=True, timeout=60)
+        assert anonymous.returncode == 1 and "needs credentials" in anonymous.stderr, anonymous.stderr
         ok = subprocess.run([os.path.join(BIN, "rmq"), "topic", "create", "cli-tls", "--queues", "1"],
-                            env=dict(env, RMQ_TLS_CA=ca), capture_output=True, text=True, timeout=60)
+                            env=dict(env, RMQ_TLS_CA=ca, RMQ_TOKEN_FILE=token_file),
+                            capture_output=True, text=True, timeout=60)
         assert ok.returncode == 0, ok.stderr
         bad = subprocess.run([os.path.join(BIN, "rmq"), "--tls-ca", str(tmp_path / "none.pem"),
                               "topic", "list"], env=env, capture_output=True, text=True, timeout=60)

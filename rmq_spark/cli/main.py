@@ -4,7 +4,8 @@ from the shell.
 Endpoints come from --endpoints or the RMQ_ENDPOINTS environment variable
 (host:port,host:port,...); a cluster with TLS takes --tls-ca (RMQ_TLS_CA), and
 --tls-cert/--tls-key (RMQ_TLS_CERT/RMQ_TLS_KEY) where nodes require a client
-certificate. Exit codes: 0 done, 1 failed, 2 bad input (nothing
+certificate, and a cluster with ACLs a bearer token: --token (RMQ_TOKEN) or
+--token-file (RMQ_TOKEN_FILE). Exit codes: 0 done, 1 failed, 2 bad input (nothing
 changed), 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from ..client import Client, RmqError, TlsFiles, parse_endpoints
 from ..fs import StoreError
-from . import _consume, _jobs, _produce, _status, _topics
+from . import _consume, _jobs, _produce, _security, _status, _topics
 
 __all__ = ["main"]
 
@@ -23,7 +24,8 @@ CONNECT_SECONDS = 3.0
 
 COMMANDS = {"topic": _topics.cmd_topic, "produce": _produce.cmd_produce, "consume": _consume.cmd_consume,
             "offsets": _status.cmd_offsets, "cluster": _status.cmd_cluster, "tier": _jobs.cmd_tier,
-            "compact": _jobs.cmd_compact, "get": _jobs.cmd_get}
+            "compact": _jobs.cmd_compact, "get": _jobs.cmd_get, "principal": _security.cmd_principal,
+            "acl": _security.cmd_acl}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,12 +39,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="PEM: a client certificate, for nodes that require one (default: $RMQ_TLS_CERT)")
     p.add_argument("--tls-key", default=os.environ.get("RMQ_TLS_KEY"),
                    help="PEM: its key (default: $RMQ_TLS_KEY)")
+    p.add_argument("--token", default=os.environ.get("RMQ_TOKEN"),
+                   help="a bearer token (rmq principal create) for a cluster with ACLs (default: $RMQ_TOKEN; "
+                        "visible to other users of this machine in ps: prefer --token-file)")
+    p.add_argument("--token-file", default=os.environ.get("RMQ_TOKEN_FILE"),
+                   help="a file holding the bearer token (default: $RMQ_TOKEN_FILE)")
     sub = p.add_subparsers(dest="cmd", required=True)
     _topics.add_parser(sub)
     _produce.add_parser(sub)
     _consume.add_parser(sub)
     _status.add_parsers(sub)
     _jobs.add_parsers(sub)
+    _security.add_parsers(sub)
     return p
 
 
@@ -76,6 +84,21 @@ def _tls(a) -> TlsFiles | None:
     return tls
 
 
+def _token(a) -> str | None:
+    if a.token and a.token_file:
+        raise ValueError("give --token or --token-file (RMQ_TOKEN or RMQ_TOKEN_FILE), not both")
+    if not a.token_file:
+        return a.token or None
+    try:
+        with open(a.token_file) as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise ValueError(f"--token-file {a.token_file}: {e.strerror or e}") from None
+    if not token:
+        raise ValueError(f"--token-file {a.token_file} is empty")
+    return token
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     if not a.endpoints:
@@ -84,11 +107,12 @@ def main(argv=None) -> int:
     try:
         endpoints = parse_endpoints(a.endpoints)
         tls = _tls(a)
+        token = _token(a)
     except ValueError as e:
         print(f"rmq: {e}", file=sys.stderr)
         return 2
     try:
-        with Client(endpoints, tls=tls) as client:
+        with Client(endpoints, tls=tls, token=token) as client:
             if not _reachable(client, endpoints):
                 tls_hint = (" Over TLS: is --tls-ca the cluster's CA, and do the nodes want a client "
                             "certificate (--tls-cert/--tls-key)?" if tls else

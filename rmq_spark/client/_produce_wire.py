@@ -71,13 +71,15 @@ class _Connection:
     connection closes and fails everything in flight on it.
     """
 
-    def __init__(self, address: str, timeout: float):
+    def __init__(self, address: str, timeout: float, token: str | None = None):
         host, port = address.rsplit(":", 1)
         self.address = address
         self._sock = socket.create_connection((host, int(port)), timeout=timeout)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(hello())
+            # A node refusing the token answers an error frame instead of its hello: this
+            # transport then falls back to gRPC, which names the reason (UNAUTHENTICATED).
+            self._sock.sendall(hello(token))
             check_hello(_recv_hello(self._sock))
             self._sock.setblocking(False)
         except BaseException:
@@ -232,8 +234,10 @@ def _fail(futures: list[Future], code: grpc.StatusCode, why: str) -> None:
 class ProduceTransport:
     """``ProduceBatches`` to one node over its produce port, else over gRPC."""
 
-    def __init__(self, address: str, fallback: Callable[..., grpc.Future], max_connections: int = 2):
+    def __init__(self, address: str, fallback: Callable[..., grpc.Future], max_connections: int = 2,
+                 token: str | None = None):
         self.address = address
+        self._token = token
         self._fallback = fallback
         self.max_connections = max_connections
         self._lock = threading.Lock()
@@ -280,7 +284,7 @@ class ProduceTransport:
                 return conn
             self._opening += 1
         try:
-            conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)))
+            conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)), self._token)
         finally:
             with self._lock:
                 self._opening -= 1

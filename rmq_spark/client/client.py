@@ -12,6 +12,7 @@ reply is applied once by the service.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -31,6 +32,7 @@ from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb
 from ._produce_sender import ProduceSender
 from ._produce_wire import ProduceTransport
 from ._routing import RetryClock, Routes
+from ._security import SecurityCalls
 from ._types import FetchResult, ProduceResult, QueueOffsets
 from .errors import RmqError, Unavailable, from_rpc_error, from_status
 
@@ -55,18 +57,21 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-class Client:
+class Client(SecurityCalls):
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
                  producer_id: str | None = None, attempt_timeout: float = 5.0,
-                 produce_port: bool = True, tls: TlsFiles | None = None):
+                 produce_port: bool = True, tls: TlsFiles | None = None, token: str | None = None):
         """``produce_port``: ``produce_batches`` goes over the nodes' produce
         ports (``storage_service.server.produce_port``; ~12% less CPU per message than
         gRPC in the produce benchmark), falling back to gRPC for a node that
         does not serve one. ``tls``: the cluster's CA (and a client certificate, for
         nodes that require one); every call then goes over TLS, produce too (over
-        gRPC: the produce port's client has no TLS yet)."""
+        gRPC: the produce port's client has no TLS yet). ``token``: a bearer token
+        (``rmq principal create``), sent with every call and in the produce port's hello."""
         self.endpoints = parse_endpoints(endpoints)
         self.tls = tls
+        self.token = token
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._credentials = None if tls is None else channel_credentials(tls)
         self.produce_port = produce_port and tls is None
         self._transports: list[ProduceTransport] = []
@@ -109,8 +114,8 @@ class Client:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
-            grpc_call = self._stub(address).ProduceBatches.future
-            transport = (ProduceTransport(produce_address(address), fallback=grpc_call)
+            grpc_call = functools.partial(self._stub(address).ProduceBatches.future, metadata=self._metadata)
+            transport = (ProduceTransport(produce_address(address), fallback=grpc_call, token=self.token)
                          if self.produce_port and not self._closed else None)
             with self._lock:
                 sender = self._senders.get(address)
@@ -127,7 +132,7 @@ class Client:
     def _invoke(self, address: str, method: str, request: Any, timeout: float) -> Any:
         """One attempt at one node; a failure comes back as the client's exception."""
         try:
-            return getattr(self._stub(address), method)(request, timeout=timeout)
+            return getattr(self._stub(address), method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, address) from e
 

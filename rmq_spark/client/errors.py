@@ -16,7 +16,7 @@ from storage_service.protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_MET
 
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
-           "DeadlineExceeded", "InternalError", "from_status", "from_rpc_error"]
+           "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "from_status", "from_rpc_error"]
 
 
 class RmqError(Exception):
@@ -76,6 +76,15 @@ class NotLeader(Unavailable):
         self.leader = leader
 
 
+class Unauthenticated(RmqError, PermissionError):
+    """No valid credentials: no token (or certificate) where the node needs one, or a
+    token that is malformed, expired or revoked."""
+
+
+class PermissionDenied(RmqError, PermissionError):
+    """The principal may not do this (the message names principal, operation, resource)."""
+
+
 class DeadlineExceeded(RmqError, TimeoutError):
     retriable = True
 
@@ -96,6 +105,8 @@ _BY_CODE = {
     grpc.StatusCode.INTERNAL: InternalError,
     grpc.StatusCode.UNKNOWN: InternalError,
     grpc.StatusCode.CANCELLED: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -24,6 +24,29 @@ from .ports import free_port_block
 __all__ = ["LocalCluster"]
 
 
+ADMIN = "admin"      # a secure local cluster's superuser: its certificate's CN and its token's subject
+
+
+def _admin_token(secret_file: str, path: str) -> str:
+    """The admin's bootstrap token (version 0, no expiry: security/tokens.py), kept in
+    ``path`` (0600) and made again when the secret changed."""
+    from ..security.tokens import BadToken, TokenKeys
+    keys = TokenKeys.from_file(secret_file)
+    try:
+        with open(path) as f:
+            token = f.read().strip()
+        keys.verify(token)
+        return token
+    except (OSError, BadToken):
+        pass
+    token = keys.mint(ADMIN, 0)
+    fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(f"{path}.tmp", path)
+    return token
+
+
 class LocalCluster:
     """Start/stop a local multi-process cluster; ``endpoints`` is the client string."""
 
@@ -47,6 +70,7 @@ class LocalCluster:
             if not secure and os.path.exists(os.path.join(self.data_dir, "security", "ca.pem")):
                 raise ValueError(f"{self.data_dir} holds a cluster made with --secure (TLS): start it "
                                  "with --secure, so it is not served in plaintext")
+            self.token = self.token_file = None     # secure: the admin's bearer token
             self.tls = self._secure() if secure else None
         except BaseException:
             self._lock.release()
@@ -73,9 +97,14 @@ class LocalCluster:
 
     def _secure(self):
         from ..security.certs import ensure_local
+        from ..security.tokens import make_secret
         from ..protocol.tls import TlsFiles
         ca, node, admin = ensure_local(self.data_dir, tuple(dict.fromkeys(self.hosts)))
-        self.extra_args += ["--tls-ca", ca.cert, "--tls-cert", node.cert, "--tls-key", node.key]
+        secret = make_secret(os.path.join(self.data_dir, "security", "token-secret"))
+        self.token_file = os.path.join(self.data_dir, "security", "admin.token")
+        self.token = _admin_token(secret, self.token_file)
+        self.extra_args += ["--tls-ca", ca.cert, "--tls-cert", node.cert, "--tls-key", node.key,
+                            "--authorize", "--token-secret-file", secret, "--superusers", ADMIN]
         return TlsFiles(ca.cert, admin.cert, admin.key)
 
     def channel(self, address: str) -> grpc.Channel:

@@ -8,8 +8,13 @@ and the client (``rmq_spark.client._produce_wire``) move the bytes.
 
 A connection starts with a hello each way, then carries frames::
 
-    hello  = "RMQP" | u16 version | u16 flags (0)
+    hello  = "RMQP" | u16 version | u16 flags [| u16 length | token]
     frame  = u32 body length | u32 request id | u32 code | body
+
+A client's hello with flag 1 (``FLAG_TOKEN``) is followed by its bearer
+token (``length`` bytes of UTF-8, at most ``MAX_TOKEN``): the node
+authenticates the connection by it (``server/authz.py``), as gRPC calls by
+their ``authorization`` metadata. A node's hello has no flags.
 
 In a request, ``code`` is the method (1 = ProduceBatches) and the body a
 ``ProduceBatchesRequest``. In the reply (same request id), ``code`` is 0 and
@@ -30,7 +35,7 @@ import grpc
 
 from .errors import StorageError
 
-__all__ = ["FRAME", "HELLO", "MAX_FRAME", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
+__all__ = ["FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
            "WireProtocolError", "check_hello", "error_frame", "frame_head", "hello"]
 
 MAGIC = b"RMQP"
@@ -39,6 +44,9 @@ HELLO = struct.Struct("<4sHH")
 FRAME = struct.Struct("<III")
 METHOD_PRODUCE_BATCHES = 1
 MAX_FRAME = 128 << 20       # gRPC's message limit (placement.GRPC_OPTIONS)
+FLAG_TOKEN = 1
+TOKEN_LEN = struct.Struct("<H")
+MAX_TOKEN = 8192
 
 
 class WireProtocolError(StorageError):
@@ -58,18 +66,27 @@ class Frame(NamedTuple):
     body: bytearray
 
 
-def hello() -> bytes:
-    return HELLO.pack(MAGIC, VERSION, 0)
+def hello(token: str | None = None) -> bytes:
+    if not token:
+        return HELLO.pack(MAGIC, VERSION, 0)
+    raw = token.encode()
+    if len(raw) > MAX_TOKEN:
+        raise ValueError(f"a token of {len(raw)} bytes; the produce port takes at most {MAX_TOKEN}")
+    return HELLO.pack(MAGIC, VERSION, FLAG_TOKEN) + TOKEN_LEN.pack(len(raw)) + raw
 
 
-def check_hello(data: bytes) -> None:
+def check_hello(data: bytes) -> int:
+    """The hello's flags (``FLAG_TOKEN``: the token's length and bytes follow)."""
     if len(data) != HELLO.size:
         raise WireProtocolError(f"hello of {len(data)} bytes; it has {HELLO.size}")
-    magic, version, _flags = HELLO.unpack(data)
+    magic, version, flags = HELLO.unpack(data)
     if magic != MAGIC:
         raise WireProtocolError(f"not an rmq produce stream (hello {bytes(data)!r})")
     if version != VERSION:
         raise WireProtocolError(f"produce stream version {version}; this side speaks {VERSION}")
+    if flags & ~FLAG_TOKEN:
+        raise WireProtocolError(f"hello flags {flags:#x}: this side knows {FLAG_TOKEN:#x} (a token follows)")
+    return flags
 
 
 def frame_head(request_id: int, code: int, body_len: int) -> bytes:

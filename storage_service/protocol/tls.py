@@ -11,7 +11,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 
-__all__ = ["TlsFiles", "channel_credentials", "client_context", "server_context", "server_credentials"]
+__all__ = ["TlsFiles", "common_name", "channel_credentials", "client_context", "server_context", "server_credentials"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,12 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     if files.cert:
         ctx.load_cert_chain(files.cert, files.key)
     return ctx
+
+
+def common_name(cert: dict | None) -> str | None:
+    """The subject common name of a certificate as ``SSLSocket.getpeercert()`` gives it."""
+    for rdn in (cert or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return None

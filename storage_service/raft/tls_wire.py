@@ -30,7 +30,7 @@ import pysyncobj.tcp_connection as tc
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_server import TcpServer
 
-from ..protocol.tls import TlsFiles, client_context, server_context
+from ..protocol.tls import TlsFiles, client_context, common_name, server_context
 from .transport import _LEN, FastTcpConnection
 
 __all__ = ["HubServer", "RaftTls", "TlsTcpConnection", "common_name"]
@@ -41,15 +41,6 @@ CHUNK = 256 << 10
 _WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
 _READ_WRITE = _READ | POLL_EVENT_TYPE.WRITE
-
-
-def common_name(cert: dict | None) -> str | None:
-    """The subject common name of a certificate as ``SSLSocket.getpeercert()`` gives it."""
-    for rdn in (cert or {}).get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return value
-    return None
 
 
 @dataclass

@@ -61,6 +61,18 @@ def _parse(argv):
     n.add_argument("--tls-key", help="PEM: its private key")
     n.add_argument("--tls-client-cert", action="store_true",
                    help="clients must present a certificate signed by --tls-ca (mTLS)")
+    n.add_argument("--node-names", default="",
+                   help="with TLS: certificate common names (CN) of the cluster's nodes, comma-separated; "
+                        "only they may connect to the raft and cluster ports (default: this node's "
+                        "certificate's CN)")
+    n.add_argument("--authorize", action="store_true",
+                   help="require credentials (a bearer token, or a client certificate) on every call and "
+                        "enforce the ACLs (rmq acl); needs --token-secret-file or --tls-client-cert")
+    n.add_argument("--token-secret-file",
+                   help="file of at least 32 random bytes (hex), the same on every node: signs and "
+                        "checks bearer tokens (rmq principal create)")
+    n.add_argument("--superusers", default="",
+                   help="principals (token subjects, certificate CNs) allowed everything, comma-separated")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -71,8 +83,9 @@ def _parse(argv):
     loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
     loc.add_argument("--secure", action="store_true",
-                     help="TLS on every node's ports, with a CA and certificates made under "
-                          "DATA_DIR/security (prints tls-ca: PATH after endpoints:)")
+                     help="TLS on every node's ports, credentials and ACLs required: a CA, certificates, "
+                          "a token secret and an admin token made under DATA_DIR/security (prints "
+                          "tls-ca: PATH and admin-token-file: PATH after endpoints:)")
     return p.parse_args(argv)
 
 
@@ -110,6 +123,21 @@ def run_node(args) -> int:
         problem = _tls_problem(args.tls_ca, args.tls_cert, args.tls_key)
         if problem:
             print(f"rmq-storage: TLS: {problem}", file=sys.stderr)
+            return 2
+    if args.authorize and not (args.token_secret_file or args.tls_client_cert):
+        print("--authorize needs a way to authenticate callers: --token-secret-file (bearer tokens) "
+              "and/or --tls-client-cert (client certificates)", file=sys.stderr)
+        return 2
+    if args.node_names and not tls_given:
+        print("--node-names needs TLS (--tls-ca, --tls-cert, --tls-key): nodes are known by their "
+              "certificates", file=sys.stderr)
+        return 2
+    if args.token_secret_file:
+        from ..security.tokens import TokenKeys
+        try:
+            TokenKeys.from_file(args.token_secret_file)
+        except ValueError as e:
+            print(f"rmq-storage: {e}", file=sys.stderr)
             return 2
     try:
         node = _make_node(args, addresses)
@@ -166,7 +194,14 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   join=tuple(a.strip() for a in (args.join or "").split(",") if a.strip()),
                                   timing=RaftTiming(compaction_entries=args.compaction_entries),
                                   tls=TlsFiles(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None,
-                                  tls_client_cert=args.tls_client_cert))
+                                  tls_client_cert=args.tls_client_cert,
+                                  node_names=_names(args.node_names), authorize=args.authorize,
+                                  token_secret_file=args.token_secret_file,
+                                  superusers=_names(args.superusers)))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in (text or "").split(",") if n.strip())
 
 
 def _stop_on_signals() -> threading.Event:
@@ -193,6 +228,7 @@ def run_local(args) -> int:
         print(f"endpoints: {cluster.endpoints}", flush=True)
         if cluster.tls is not None:
             print(f"tls-ca: {cluster.tls.ca}", flush=True)
+            print(f"admin-token-file: {cluster.token_file}", flush=True)
             print(f"tls-client-cert: {cluster.tls.cert} (key {cluster.tls.key})", flush=True)
         print(f"logs and data: {cluster.data_dir}  (Ctrl-C stops all nodes)", flush=True)
         while not stop.wait(0.5):

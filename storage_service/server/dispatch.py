@@ -37,7 +37,8 @@ from ..proto import rmq_pb2
 from ..protocol.errors import RETRY_AFTER_METADATA_KEY
 from ..protocol.placement import GRPC_OPTIONS, cluster_address
 from ..protocol.tls import TlsFiles, server_credentials
-from .guard import _decoder
+from .errors import ServiceError
+from .guard import Undecodable, _decoder
 
 __all__ = ["Parked", "AsyncServer", "Limits", "SyncContext"]
 
@@ -79,6 +80,8 @@ class SyncContext:
     def __init__(self):
         self.trailing: tuple = ()
         self.may_park = True        # a Fetch may answer Parked (once: then it reads what is there)
+        self.credentials: tuple = (None, None)   # (authorization metadata, client certificate's CN)
+        self.principal = None       # authz.Principal, on a secured node
 
     def set_trailing_metadata(self, md) -> None:
         self.trailing = tuple(md)
@@ -91,9 +94,12 @@ class AsyncServer:
     """A node's gRPC server on its own event-loop thread; ``stop`` ends both."""
 
     def __init__(self, servicer, address: str, limits: Limits = Limits(), node_name: str = "",
-                 tls: TlsFiles | None = None, tls_client_cert: bool = False):
+                 tls: TlsFiles | None = None, tls_client_cert: bool = False, gate=None):
+        """``gate``: a secured node's ``authz.Gate``, which every call passes before its
+        handler runs (in the pool: a denial may wait for the metadata group)."""
         self.servicer, self.limits, self.name = servicer, limits, node_name or address
         self.tls, self.tls_client_cert = tls, tls_client_cert
+        self.gate = gate
         self.pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="grpc")
         self.running = 0            # touched on the loop thread only
         self.parked = 0
@@ -112,7 +118,7 @@ class AsyncServer:
             request = getattr(rmq_pb2, m.input_type.name)
             response = getattr(rmq_pb2, m.output_type.name)
             handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(getattr(self.servicer, m.name)), request_deserializer=_decoder(request),
+                self._handler(m.name, getattr(self.servicer, m.name)), request_deserializer=_decoder(request),
                 # Fetch returns its response already encoded (fetch_wire); gRPC sends those bytes.
                 response_serializer=bytes if m.name == "Fetch" else response.SerializeToString)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
@@ -125,9 +131,25 @@ class AsyncServer:
         await server.start()
         return server
 
-    def _handler(self, fn):
+    def _handler(self, method: str, fn):
+        gate = self.gate
+        if gate is not None:
+            plain = fn
+
+            def fn(request, ctx):
+                if ctx.principal is None:
+                    try:
+                        ctx.principal = gate.principal(*ctx.credentials)
+                        if not isinstance(request, Undecodable):      # (answered INVALID_ARGUMENT)
+                            gate.check_call(method, request, ctx.principal)
+                    except ServiceError as e:
+                        raise _Abort(e.code, e.message) from None
+                return plain(request, ctx)
+
         async def handle(request, context):
             ctx = SyncContext()
+            if gate is not None:
+                ctx.credentials = _credentials(context)
             try:
                 result = await self._run(fn, request, ctx)
                 if isinstance(result, Parked):
@@ -189,6 +211,13 @@ class AsyncServer:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
             self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _credentials(context) -> tuple[str | None, str | None]:
+    """(the call's authorization metadata, its verified client certificate's common name)."""
+    token = next((v for k, v in context.invocation_metadata() or () if k == "authorization"), None)
+    names = context.auth_context().get("x509_common_name")
+    return token, names[0].decode() if names else None
 
 
 def _settle(fut: asyncio.Future) -> None:

@@ -25,7 +25,9 @@ from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, group_of, grpc_address, raft_address
 from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
-from ..raft.tls_wire import RaftTls
+from ..raft.tls_wire import RaftTls, own_common_name
+from ..security.tokens import TokenKeys
+from .authz import Gate, SecurityConfig
 from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
@@ -85,10 +87,22 @@ class NodeConfig:
     tls_client_cert: bool = False       # clients must present a certificate of the cluster's CA
     node_names: tuple[str, ...] = ()    # TLS: certificate common names of the cluster's nodes
                                         # (default: this node's own certificate's)
+    authorize: bool = False             # credentials required, ACLs enforced (server/authz.py)
+    token_secret_file: str | None = None  # signs and checks bearer tokens (security/tokens.py)
+    superusers: tuple[str, ...] = ()    # principals allowed everything
 
     @property
     def address(self) -> str:
         return self.addresses[self.node_id]
+
+
+def security_config(config: NodeConfig) -> SecurityConfig:
+    names = frozenset(config.node_names) or (
+        frozenset({own_common_name(config.tls)}) if config.tls is not None else frozenset())
+    return SecurityConfig(
+        authorize=config.authorize, tls=config.tls is not None,
+        token_keys=TokenKeys.from_file(config.token_secret_file) if config.token_secret_file else None,
+        superusers=frozenset(config.superusers), node_names=names)
 
 
 class StorageNode(ReplicaSet, Upkeep, Repair):
@@ -113,6 +127,10 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self._channels_lock = threading.Lock()
         # TLS to peers: read once at start (a file rotated later must not fail a peer call)
         self._peer_credentials = None if config.tls is None else channel_credentials(config.tls)
+        self.security = security_config(config)
+        self.gate = Gate(self.security, self.meta, self.meta_sync) if self.security.active else None
+        self._meta_synced = 0.0
+        self._meta_sync_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
         os.makedirs(config.data_dir, exist_ok=True)
         self.disk = DiskSpace(config.data_dir, config.min_free_bytes)
@@ -120,7 +138,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
                                   listen=raft_address(config.address),
                                   connection_timeout=max(3.5, config.timing.max_timeout),
                                   tls=None if config.tls is None else
-                                  RaftTls(config.tls, frozenset(config.node_names)))
+                                  RaftTls(config.tls, self.security.node_names))
         # The placement this node starts from, until the metadata group's record
         # is applied here (hosting.py): which data groups it hosts and where the others are.
         meta_members, meta_index = config.addresses, 0
@@ -395,6 +413,31 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
                                "(outcome unknown; retry with the same producer id and sequence)") from None
         except CommitFailed as e:
             raise NotLeader(g, self.leader_of(g)) from e
+
+    def meta_sync(self, timeout: float = 2.0) -> None:
+        """Wait until this node has applied what the metadata leader had committed when
+        asked (a no-op on the leader): an ACL or principal made there a moment ago then
+        holds here too (``authz.Gate`` calls this before denying). Calls that overlap
+        share one round trip."""
+        raft = self.groups.get(META_GROUP)
+        if raft is None or raft.is_leader:
+            return
+        asked = time.monotonic()
+        with self._meta_sync_lock:
+            if self._meta_synced >= asked:
+                return
+            leader = self.leader_of(META_GROUP)
+            if not leader or leader == self.config.address:
+                return
+            try:
+                commit = self.stub(leader).GroupInfo(rmq_pb2.GroupInfoRequest(group=META_GROUP),
+                                                     timeout=timeout).commit_index
+            except grpc.RpcError:
+                return
+            deadline = time.monotonic() + timeout
+            while raft.raftLastApplied < commit and time.monotonic() < deadline:
+                time.sleep(0.005)
+            self._meta_synced = time.monotonic()
 
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:

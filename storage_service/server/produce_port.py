@@ -29,8 +29,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2
-from ..protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES, FrameReader, PeerClosed,
-                                       WireProtocolError, check_hello, error_frame, frame_head, hello)
+from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_PRODUCE_BATCHES, TOKEN_LEN,
+                                       FrameReader, PeerClosed, WireProtocolError, check_hello, error_frame,
+                                       frame_head, hello)
+from ..protocol.tls import common_name
 from .errors import ServiceError
 
 __all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "ProduceWireServer", "recv_exact", "send_frame"]
@@ -87,8 +89,12 @@ class ProduceWireServer:
 
     def __init__(self, handle: Callable[[rmq_pb2.ProduceBatchesRequest], rmq_pb2.ProduceBatchesResponse],
                  host: str, port: int, max_frame: int = MAX_FRAME,
-                 max_connections: int = MAX_CONNECTIONS, ssl_context=None):
+                 max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None):
+        """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
+        the token in its hello (or its client certificate) and each request checked
+        as gRPC's ``ProduceBatches`` is."""
         self._handle = handle
+        self._gate = gate
         self._ssl = ssl_context              # TLS: each connection's handshake on its own thread
         self.max_frame = max_frame
         self.max_connections = max_connections
@@ -135,7 +141,21 @@ class ProduceWireServer:
                 with self._lock:             # stop() shuts down the socket in use now
                     self._conns.discard(plain)
                     self._conns.add(conn)
-            check_hello(recv_exact(conn, HELLO.size))
+            flags = check_hello(recv_exact(conn, HELLO.size))
+            token = None
+            if flags & FLAG_TOKEN:
+                n = TOKEN_LEN.unpack(recv_exact(conn, TOKEN_LEN.size))[0]
+                if n > MAX_TOKEN:
+                    raise WireProtocolError(f"a token of {n} bytes; at most {MAX_TOKEN}")
+                token = "Bearer " + bytes(recv_exact(conn, n)).decode("utf-8", "replace")
+            principal = None
+            if self._gate is not None:
+                cert = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
+                try:
+                    principal = self._gate.principal(token, common_name(cert))
+                except ServiceError as e:
+                    _try_send_error(conn, e.code, e.message)
+                    return
             conn.sendall(hello())
             frames = FrameReader(self.max_frame)
             while True:
@@ -145,7 +165,7 @@ class ProduceWireServer:
                         f"connection closed with {frames.buffered} bytes of a frame read")
                 frame = frames.got(n)
                 if frame is not None:
-                    code, reply = self._answer(frame.code, frame.body)
+                    code, reply = self._answer(frame.code, frame.body, principal)
                     send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
@@ -163,7 +183,7 @@ class ProduceWireServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _answer(self, method: int, body: bytearray) -> tuple[int, bytes]:
+    def _answer(self, method: int, body: bytearray, principal=None) -> tuple[int, bytes]:
         if method != METHOD_PRODUCE_BATCHES:
             return _error(grpc.StatusCode.UNIMPLEMENTED,
                           f"method {method}: the produce stream serves {METHOD_PRODUCE_BATCHES} "
@@ -173,6 +193,8 @@ class ProduceWireServer:
         except DecodeError as e:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a ProduceBatchesRequest: {e}")
         try:
+            if self._gate is not None:
+                self._gate.check_call("ProduceBatches", request, principal)
             return 0, self._handle(request).SerializeToString()
         except ServiceError as e:
             return _error(e.code, e.message)

@@ -24,6 +24,7 @@ from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, Del
                                      SetWatermark)
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
 from .admin_rpc import ClusterAdmin
+from .security_rpc import SecurityAdmin
 from .dispatch import AsyncServer, Limits, Parked
 from .errors import ServiceError, invalid
 from .node import StorageNode
@@ -48,7 +49,7 @@ def config_to_pb(cfg: dict) -> rmq_pb2.TopicConfig:
     return rmq_pb2.TopicConfig(**{k: v for k, v in cfg.items() if k in fields})
 
 
-class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
+class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServicer):
     def __init__(self, node: StorageNode):
         self.node = node
         self._rr = 0
@@ -99,8 +100,14 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     def ListTopics(self, request, context):
         # Served by the metadata leader, which has applied every topic change it acknowledged.
         self.node.require_read_leader(META_GROUP)
-        topics = [config_to_pb(t) for t in self.node.meta.list_topics()]
+        topics = [config_to_pb(t) for t in self.node.meta.list_topics()
+                  if self._may_describe(context, "topic", t["name"])]
         return rmq_pb2.ListTopicsResponse(topics=topics)
+
+    def _may_describe(self, context, rtype: str, name: str) -> bool:
+        """With ACLs on, list only what the caller may describe (as Kafka lists topics)."""
+        gate, p = self.node.gate, getattr(context, "principal", None)
+        return gate is None or p is None or not gate.config.authorize or gate.allowed(p, "describe", rtype, name)
 
     @_guard
     def DescribeTopic(self, request, context):
@@ -321,7 +328,8 @@ class MessageLogService(ClusterAdmin, rmq_pb2_grpc.MessageLogServicer):
     def ListConsumerGroups(self, request, context):
         check_topic_name(request.topic)
         self.node.topic(request.topic)
-        return rmq_pb2.ListConsumerGroupsResponse(groups=self.node.meta.groups_for(request.topic))
+        return rmq_pb2.ListConsumerGroupsResponse(groups=[
+            g for g in self.node.meta.groups_for(request.topic) if self._may_describe(context, "group", g)])
 
     @_guard
     def SetWatermark(self, request, context):
@@ -426,7 +434,7 @@ class Servers:
 
 
 def _produce_server(handle, address: str, taken: set[str] = frozenset(),
-                    ssl_context=None) -> ProduceWireServer | None:
+                    ssl_context=None, gate=None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -437,7 +445,7 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset(),
         return None
     host, port = address.rsplit(":", 1)
     try:
-        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context)
+        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
@@ -447,8 +455,9 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     c = node.config
     limits = limits or Limits(max_requests=c.max_requests, max_parked=c.max_parked_fetches)
     server = AsyncServer(MessageLogService(node), c.address, limits, tls=c.tls,
-                         tls_client_cert=c.tls_client_cert)
+                         tls_client_cert=c.tls_client_cert, gate=node.gate)
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
-    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx)
+    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx,
+                              gate=node.gate)
     return Servers(server, produce)

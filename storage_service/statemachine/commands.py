@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
-           "MetaCommand", "Produce", "ProduceItem", "RequestRebalance", "SetNode", "SetPlacement", "SetReplicas", "SetWatermark",
+           "MetaCommand", "Produce", "ProduceItem", "RequestRebalance", "SetNode", "SetPrincipal", "ChangeAcls", "SetPlacement", "SetReplicas", "SetWatermark",
            "Truncate", "UnknownCommand",
            "decode_command"]
 
@@ -173,11 +173,32 @@ class RequestRebalance(_Command):
     done: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SetPrincipal(_Command):
+    """Create (``rotate``: or give a new token version to) a principal, or delete it
+    (``delete``): tokens carry the version they were made for (security/tokens.py)."""
+    KIND: ClassVar[str] = "set_principal"
+    name: str
+    now_ms: int
+    rotate: bool = False
+    delete: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeAcls(_Command):
+    """Allow (``add``) or stop allowing operations: entries (principal, resource type,
+    name, prefix, operations) as ``security.acl.AclEntry.key()`` + ops."""
+    KIND: ClassVar[str] = "change_acls"
+    add: bool
+    entries: tuple
+
+
 DataCommand = Union[Produce, Truncate, Drop]
 MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease, SetPlacement,
-                    SetReplicas, SetNode, RequestRebalance]
+                    SetReplicas, SetNode, RequestRebalance, SetPrincipal, ChangeAcls]
 _TYPES = {t.KIND: t for t in (Produce, Truncate, Drop, CreateTopic, AlterTopic, DeleteTopic, CommitOffsets,
-                              SetWatermark, Lease, SetPlacement, SetReplicas, SetNode, RequestRebalance)}
+                              SetWatermark, Lease, SetPlacement, SetReplicas, SetNode, RequestRebalance,
+                              SetPrincipal, ChangeAcls)}
 
 
 def decode_command(raw) -> DataCommand | MetaCommand:

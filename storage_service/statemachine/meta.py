@@ -12,8 +12,10 @@ import threading
 import uuid
 
 from ..protocol.placement import assign_groups, group_of
-from .commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease, RequestRebalance, SetNode,
-                       SetPlacement, SetReplicas, SetWatermark, UnknownCommand, decode_command)
+from .commands import (AlterTopic, ChangeAcls, CommitOffsets, CreateTopic, DeleteTopic, Lease, RequestRebalance,
+                       SetNode, SetPlacement, SetPrincipal, SetReplicas, SetWatermark, UnknownCommand,
+                       decode_command)
+from .security import SecurityState
 
 __all__ = ["FENCED_WATERMARKS", "MetaState", "NODE_STATES", "TOPIC_DEFAULTS", "normalized", "queue_growth_error"]
 
@@ -75,6 +77,7 @@ class MetaState:
         # configuration at index 0 of the group's log, raft/membership.py).
         self.founding: dict[int, list[str]] = {}
         self.density = 0.0      # data replicas per node at the cluster's first start
+        self.security = SecurityState()     # principals and ACLs (statemachine/security.py)
         self.lock = threading.Lock()
 
     def apply(self, raft_index: int, raw: tuple):
@@ -255,7 +258,9 @@ class MetaState:
     _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
                  CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease,
                  SetPlacement: _set_placement, SetReplicas: _set_replicas, SetNode: _set_node,
-                 RequestRebalance: _request_rebalance}
+                 RequestRebalance: _request_rebalance,
+                 SetPrincipal: lambda self, i, cmd: self.security.set_principal(i, cmd),
+                 ChangeAcls: lambda self, i, cmd: self.security.change_acls(i, cmd)}
 
     # ---------------------------------------------------------------- queries
     def list_topics(self) -> list[dict]:
@@ -323,7 +328,7 @@ class MetaState:
                                "replicas": {str(g): r for g, r in self.replicas.items()},
                                "rebalance": self.rebalance, "rebalanced": self.rebalanced,
                                "founding": {str(g): r for g, r in self.founding.items()},
-                               "density": self.density}).encode()
+                               "density": self.density, "security": self.security.to_json()}).encode()
 
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         d = json.loads(data)
@@ -339,6 +344,7 @@ class MetaState:
             self.rebalanced = d.get("rebalanced", 0)
             self.founding = {int(g): r for g, r in d.get("founding", {}).items()}
             self.density = d.get("density", 0.0)
+            self.security.load(d.get("security"))
 
     def close(self) -> None:
         pass
