@@ -1,0 +1,300 @@
+"""Authentication and authorization on a real secured cluster (issue 22).
+
+One 3-node ``secure=True`` cluster (TLS, ``--authorize``, a token secret, the
+admin's token) for the module: principals made with ``create_principal``, ACLs
+through the metadata group, every refusal checked to change nothing. A 1-node
+plaintext cluster with ``--authorize`` checks the produce port's token hello.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rmq_spark.client import Client, PermissionDenied, TlsFiles, Unauthenticated
+from rmq_spark.client.errors import AlreadyExists, FailedPrecondition
+from storage_service.local import LocalCluster
+from storage_service.proto import rmq_pb2
+from storage_service.protocol.placement import produce_address
+from storage_service.protocol.produce_frames import HELLO, FrameReader, check_hello, frame_head, hello
+from storage_service.security.tokens import TokenKeys
+
+pytestmark = pytest.mark.integration
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("secured")), secure=True)
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster):
+    with Client(cluster.endpoints, tls=TlsFiles(cluster.tls.ca), token=cluster.token) as c:
+        c.create_topic("orders", queues=2)
+        c.produce("orders", [b"first"], queue=0)
+        yield c
+
+
+def _as(cluster, token, endpoints=None, **kw) -> Client:
+    return Client(endpoints or cluster.endpoints, tls=TlsFiles(cluster.tls.ca), token=token,
+                  timeout=5, attempt_timeout=2, **kw)
+
+
+def _latest(admin, topic="orders") -> list[int]:
+    return [o.latest for o in admin.offsets(topic)]
+
+
+def _keys(cluster) -> TokenKeys:
+    return TokenKeys.from_file(os.path.join(cluster.data_dir, "security", "token-secret"))
+
+
+def test_no_invalid_or_expired_token_is_unauthenticated(cluster, admin):
+    bob = admin.create_principal("bob-auth")
+    expired = _keys(cluster).mint("bob-auth", bob["version"], ttl_s=60, now=time.time() - 3600)
+    forged = TokenKeys(b"another cluster's secret, 32 bytes+").mint("bob-auth", bob["version"])
+    before = _latest(admin)
+    for token, says in ((None, "needs credentials"), ("not-a-jwt", "not a token of this cluster"),
+                        (expired, "expired"), (forged, "signature")):
+        with _as(cluster, token) as c:
+            with pytest.raises(Unauthenticated, match=says):
+                c.produce("orders", [b"x"], queue=0)
+            with pytest.raises(Unauthenticated):
+                c.list_topics()
+    assert _latest(admin) == before
+    with _as(cluster, bob["token"]) as c:            # the valid token is known, but has no ACL
+        assert c.whoami()["principal"] == "bob-auth"
+
+
+def test_without_an_acl_everything_is_denied_and_nothing_changes(cluster, admin):
+    carol = admin.create_principal("carol")
+    before = _latest(admin)
+    with _as(cluster, carol["token"]) as c:
+        assert c.list_topics() == []                 # only what carol may describe
+        with pytest.raises(PermissionDenied, match="'carol' may not describe topic 'orders'"):
+            c.describe_topic("orders")
+        # describe only (a client looks a topic up before it produces or fetches)
+        admin.change_acls(True, [dict(principal="carol", resource_type="topic", name="orders",
+                                      operations=["describe"])])
+        assert [t["name"] for t in c.list_topics()] == ["orders"]
+        checks = [
+            ("produce", lambda: c.produce("orders", [b"x"], queue=0)),
+            ("consume", lambda: c.fetch("orders", 0, 0)),
+            ("alter", lambda: c.alter_topic("orders", retention_ms=1000)),
+            ("alter", lambda: c.delete_topic("orders")),
+            ("alter", lambda: c.create_topic("carols", queues=1)),
+            ("consume", lambda: c.commit_offsets("g1", "orders", {0: 1})),
+            ("alter", lambda: c.lease("orders", "tier", "carol-job", 10_000)),
+            ("alter", lambda: c.set_watermark("orders", "compaction", {0: 1})),
+            ("alter", lambda: c.create_principal("eve")),
+            ("alter", lambda: c.change_acls(True, [dict(principal="carol", resource_type="cluster",
+                                                        name="", operations=["alter"])])),
+            ("describe", lambda: c.list_acls()),
+        ]
+        for op, call in checks:
+            with pytest.raises(PermissionDenied) as e:
+                call()
+            assert "'carol'" in e.value.message and f"may not {op}" in e.value.message, e.value.message
+    assert _latest(admin) == before
+    assert [t["name"] for t in admin.list_topics()] == ["orders"]
+    assert admin.describe_topic("orders")["retention_ms"] != 1000
+    assert admin.committed_offsets("g1", "orders") == {}
+    assert "eve" not in [p["name"] for p in admin.list_principals()["principals"]]
+    assert [e["operations"] for e in admin.list_acls("carol")] == [["describe"]]
+
+
+def test_an_acl_holds_at_once_on_every_node(cluster, admin):
+    dave = admin.create_principal("dave")
+    for address in cluster.addresses:               # a token made a moment ago works everywhere
+        with _as(cluster, dave["token"], [address]) as c:
+            assert c.whoami(address)["principal"] == "dave"
+    admin.change_acls(True, [dict(principal="dave", resource_type="topic", name="ord", prefix=True,
+                                  operations=["produce", "consume"]),
+                             dict(principal="dave", resource_type="group", name="dave-g",
+                                  operations=["consume"])])
+    for i, address in enumerate(cluster.addresses):
+        with _as(cluster, dave["token"], [address]) as c:
+            assert [t["name"] for t in c.list_topics()] == ["orders"]     # produce implies describe
+            r = c.produce("orders", [f"dave-{i}".encode()], queue=1)[0]
+            assert f"dave-{i}".encode() in [m.value for m in c.fetch("orders", 1, r.base_offset).records]
+            c.commit_offsets("dave-g", "orders", {1: r.base_offset + 1})
+            with pytest.raises(PermissionDenied, match="may not alter"):
+                c.delete_topic("orders")
+            with pytest.raises(PermissionDenied, match="group 'other-g'"):
+                c.commit_offsets("other-g", "orders", {1: 0})
+    # taken back: denied again, on every node at once
+    admin.change_acls(False, [dict(principal="dave", resource_type="topic", name="ord", prefix=True,
+                                   operations=["produce"])])
+    for address in cluster.addresses:
+        with _as(cluster, dave["token"], [address]) as c:
+            with pytest.raises(PermissionDenied, match="may not produce"):
+                c.produce("orders", [b"no"], queue=1)
+            c.fetch("orders", 1, 0)                  # consume stays
+
+
+def test_deleted_or_rotated_principals_tokens_stop_working_everywhere(cluster, admin):
+    old = admin.create_principal("erin")
+    with pytest.raises(AlreadyExists, match="rotate"):
+        admin.create_principal("erin")
+    new = admin.create_principal("erin", rotate=True)
+    assert new["version"] > old["version"]
+    for address in cluster.addresses:
+        with _as(cluster, old["token"], [address]) as c:
+            with pytest.raises(Unauthenticated, match="replaced by a newer one"):
+                c.whoami(address)
+        with _as(cluster, new["token"], [address]) as c:
+            assert c.whoami(address)["principal"] == "erin"
+    admin.delete_principal("erin")
+    for address in cluster.addresses:
+        with _as(cluster, new["token"], [address]) as c:
+            with pytest.raises(Unauthenticated, match="does not exist"):
+                c.whoami(address)
+
+
+def test_watermarks_need_the_alter_acl_and_the_current_lease(cluster, admin):
+    """SetWatermark and Lease: only a principal allowed to run tiering on the topic,
+    and an archive watermark only with the tier lease's current token."""
+    admin.create_topic("tiered", queues=1, tier="delta:/tmp/rmq-test-archive-never-written")
+    admin.produce("tiered", [b"a", b"b", b"c"], queue=0)
+    job = admin.create_principal("tier-job")
+    admin.change_acls(True, [dict(principal="tier-job", resource_type="topic", name="tiered",
+                                  operations=["consume", "alter"])])
+    with _as(cluster, job["token"]) as c:
+        with pytest.raises(FailedPrecondition, match="lease_token"):
+            c.set_watermark("tiered", "archive", {0: 2})            # no lease token
+        granted, _, _, token = c.lease("tiered", "tier", "job-a", 60_000)
+        assert granted
+        with pytest.raises(FailedPrecondition, match="not the topic's tier lease"):
+            c.set_watermark("tiered", "archive", {0: 2}, lease_token=token + 1)     # a stale/wrong one
+        assert admin.describe_topic("tiered")["queue_info"][0]["archived"] == -1
+        c.set_watermark("tiered", "archive", {0: 2}, lease_token=token)
+        assert admin.describe_topic("tiered")["queue_info"][0]["archived"] == 2
+        c.lease("tiered", "tier", "job-a", 0)                         # released ...
+    # ... and taken by another owner: the old token is stale for good
+    granted, _, _, token_b = admin.lease("tiered", "tier", "job-b", 60_000)
+    assert granted and token_b != token
+    with _as(cluster, job["token"]) as c:
+        with pytest.raises(FailedPrecondition, match="not the topic's tier lease"):
+            c.set_watermark("tiered", "archive", {0: 3}, lease_token=token)
+    assert admin.describe_topic("tiered")["queue_info"][0]["archived"] == 2
+
+
+def test_replica_fetch_is_for_nodes_only(cluster, admin):
+    """Even a superuser's token may not read raw replica data: that takes a node's
+    certificate, on the cluster port."""
+    import grpc
+    from storage_service.proto import rmq_pb2_grpc
+    from storage_service.protocol.tls import channel_credentials
+    qdir = None
+    for root, dirs, _ in os.walk(cluster.data_dir):
+        qdir = next((d for d in dirs if d.startswith("orders")), None)
+        if qdir:
+            break
+    assert qdir, "no queue directory of orders on disk"
+    ch = grpc.secure_channel(cluster.addresses[0], channel_credentials(TlsFiles(cluster.tls.ca)))
+    try:
+        stub = rmq_pb2_grpc.MessageLogStub(ch)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ReplicaFetch(rmq_pb2.ReplicaFetchRequest(queue_dir=qdir, offset=0, end_offset=1),
+                              metadata=(("authorization", f"Bearer {cluster.token}"),), timeout=10)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "nodes" in e.value.details()
+    finally:
+        ch.close()
+
+
+def test_the_cli_makes_principals_and_acls(cluster, admin, tmp_path):
+    env = dict(os.environ, RMQ_ENDPOINTS=cluster.endpoints, RMQ_TLS_CA=cluster.tls.ca,
+               RMQ_TOKEN_FILE=cluster.token_file)
+    rmq = os.path.join(BIN, "rmq")
+
+    def run(*args, **extra):
+        return subprocess.run([rmq, *args], env=dict(env, **extra), capture_output=True, text=True, timeout=60)
+
+    made = run("principal", "create", "frank", "--ttl", "1h")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    (tmp_path / "frank.token").write_text(token + "\n")
+    me = run("principal", "whoami", RMQ_TOKEN_FILE=str(tmp_path / "frank.token"))
+    assert me.returncode == 0 and me.stdout.startswith("frank by token"), me.stdout + me.stderr
+    denied = run("topic", "describe", "orders", RMQ_TOKEN_FILE=str(tmp_path / "frank.token"))
+    assert denied.returncode == 1 and "may not describe topic 'orders'" in denied.stderr
+    added = run("acl", "add", "frank", "--topic", "orders", "--allow", "describe,consume")
+    assert added.returncode == 0, added.stderr
+    listed = run("acl", "list", "--principal", "frank", "--json")
+    assert __import__("json").loads(listed.stdout) == [dict(principal="frank", resource_type="topic",
+                                                           name="orders", prefix=False,
+                                                           operations=["consume", "describe"])]
+    ok = run("topic", "describe", "orders", RMQ_TOKEN_FILE=str(tmp_path / "frank.token"))
+    assert ok.returncode == 0, ok.stderr
+    bad = run("acl", "add", "frank", "--topic", "orders", "--allow", "write")
+    assert bad.returncode == 1 and "allowed produce, consume, describe, alter" in bad.stderr
+    both = run("principal", "whoami", RMQ_TOKEN=token)          # token and token file: refused
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+@pytest.fixture(scope="module")
+def plain_authorized(tmp_path_factory):
+    """A plaintext node with --authorize and tokens (no TLS): the produce port's hello."""
+    from storage_service.security.tokens import make_secret
+    d = tmp_path_factory.mktemp("plain-auth")
+    secret = make_secret(str(d / "secret"))
+    c = LocalCluster(nodes=1, groups=1, data_dir=str(d / "data"),
+                     extra_args=["--replication-factor", "1", "--authorize", "--token-secret-file", secret,
+                                 "--superusers", "root"])
+    c.start()
+    yield c, TokenKeys.from_file(secret)
+    c.stop()
+
+
+def _produce_frame(address: str, token: str | None, topic: str) -> tuple[int, bytes]:
+    """One ProduceBatches over the produce port: (code, body) of the answer."""
+    from rmq_spark.client._messages import to_block
+    host, port = produce_address(address).rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(hello(token))
+        first = s.recv(HELLO.size)
+        frames = FrameReader(1 << 20)
+        if first[:4] == b"RMQP":
+            check_hello(first)
+            body = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
+                topic=topic, queue=0, records=to_block([b"wire"]), count=1)]).SerializeToString()
+            s.sendall(frame_head(1, 1, len(body)) + body)
+            first = b""
+        got = next(iter(frames.feed(first)), None)
+        while got is None:
+            chunk = s.recv(1 << 16)
+            assert chunk, "closed without an answer"
+            got = next(iter(frames.feed(chunk)), None)
+        return got.code, bytes(got.body)
+
+
+def test_the_produce_port_authenticates_its_hello(plain_authorized):
+    c, keys = plain_authorized
+    root = keys.mint("root", 0)
+    with Client(c.endpoints, token=root) as admin:
+        admin.create_topic("wire", queues=1)
+        pete = admin.create_principal("pete")
+        code, body = _produce_frame(c.addresses[0], None, "wire")
+        assert code == 16 and b"needs credentials" in body              # UNAUTHENTICATED
+        code, body = _produce_frame(c.addresses[0], "garbage", "wire")
+        assert code == 16 and b"not a token" in body
+        code, body = _produce_frame(c.addresses[0], pete["token"], "wire")
+        assert code == 7 and b"'pete' may not produce topic 'wire'" in body   # PERMISSION_DENIED
+        assert [o.latest for o in admin.offsets("wire")] == [0]
+        admin.change_acls(True, [dict(principal="pete", resource_type="topic", name="wire",
+                                      operations=["produce"])])
+        code, body = _produce_frame(c.addresses[0], pete["token"], "wire")
+        assert code == 0 and rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes[0].code == 0
+        with Client(c.endpoints, token=pete["token"]) as p:      # the client's produce port path
+            p.produce_batches([("wire", 0, [b"via client"])])
+            assert p._transports, "the produce went over gRPC, not the produce port"
+        assert [o.latest for o in admin.offsets("wire")] == [2]
