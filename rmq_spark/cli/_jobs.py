@@ -144,7 +144,7 @@ def cmd_compact(client: Client, a) -> int:
     return _run_job(client, "compact", "compacting", a.topic, s.available_now,
                     lambda spark: compact_topic(spark, a.endpoints, a.topic, s.table, a.trigger or AVAILABLE_NOW,
                                                 s.checkpoint, s.buckets, s.max_offsets_per_trigger, _report,
-                                                tls=client.tls),
+                                                tls=client.tls, token=client.token),
                     lambda: f"compacted {a.topic} into {s.table}")
 
 

@@ -18,7 +18,7 @@ The table path is the compact topic's ``compacted_table`` config (``delta:PATH``
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from rmq_spark import fs, jobs
@@ -52,6 +52,7 @@ class CompactSettings:
     buckets: int = DEFAULT_BUCKETS
     max_offsets_per_trigger: int | None = None
     tls: TlsFiles | None = None          # the cluster's TLS files (from the checking client)
+    token: str | None = field(default=None, repr=False)   # its bearer token (ACLs)
 
     @classmethod
     def create(cls, client: Client, endpoints: str, topic: str, table: str | None = None,
@@ -91,7 +92,8 @@ class CompactSettings:
                 raise CompactionConfigError(str(e)) from None
         if current is None:
             client.alter_topic(topic, compacted_table=f"delta:{path}")
-        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger, client.tls)
+        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger, client.tls,
+                   client.token)
 
     @property
     def available_now(self) -> bool:
@@ -101,7 +103,8 @@ class CompactSettings:
 def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
                   trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
                   buckets: int = DEFAULT_BUCKETS, max_offsets_per_trigger: int | None = None,
-                  progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None):
+                  progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None,
+                  token: str | None = None):
     """Compact ``topic`` into the Delta table at ``table`` (default: the topic's table).
 
     ``trigger``: ``"available-now"`` (compact what is there, then return the
@@ -109,9 +112,10 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     query). ``checkpoint`` defaults to ``TABLE/_rmq_checkpoints/TOPIC`` so a
     rerun resumes. ``buckets`` (fixed when the table is created) spreads
     keys over partitions for point lookups. ``progress`` gets a line per batch.
-    ``tls``: a cluster with TLS (its CA, and a client certificate where required).
+    ``tls``: a cluster with TLS (its CA, and a client certificate where required);
+    ``token``: a cluster with ACLs, the job's bearer token (consume and alter on the topic).
     """
-    with Client(endpoints, tls=tls) as client:
+    with Client(endpoints, tls=tls, token=token) as client:
         s = CompactSettings.create(client, endpoints, topic, table, trigger, checkpoint,
                                    buckets, max_offsets_per_trigger)
         starting = None
@@ -124,7 +128,8 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     buckets_now = _ensure_table(spark, s)
     say = progress or (lambda line: log.info("%s", line))
     writer = _BatchWriter(s, buckets_now, say)
-    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls)
+    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls,
+                       token=token)
     w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
          .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
     with session_conf(spark, UTC_CONF):
@@ -178,7 +183,7 @@ class _BatchWriter:
              .execute())
         end = _checkpoint.batch_end(self.s.checkpoint, batch_id, self.s.topic)
         if end:
-            with Client(self.s.endpoints, tls=self.s.tls) as client:
+            with Client(self.s.endpoints, tls=self.s.tls, token=self.s.token) as client:
                 client.set_watermark(self.s.topic, "compaction", end)
         self.say(f"compact {self.s.topic}: batch {batch_id} merged, compacted to "
                  + " ".join(f"q{q}={o}" for q, o in sorted(end.items())))

@@ -27,7 +27,7 @@ class BatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> Sequence[InputPartition]:
-        with Client(self.opts.endpoints, tls=self.opts.tls) as client:
+        with Client(self.opts.endpoints, tls=self.opts.tls, token=self.opts.token) as client:
             state = _planning.subscribed_state(client, self.opts)
             start = _planning.resolve(client, self.opts.starting, state, "earliest")
             end = _planning.resolve(client, self.opts.ending, state, "latest")

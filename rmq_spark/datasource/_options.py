@@ -30,8 +30,10 @@ READ_OPTIONS = (
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
-    "maxBytesPerFetch", "readArchive", "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
-WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
+    "maxBytesPerFetch", "readArchive", "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
+    "tokenFile")
+WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
+                 "tokenFile")
 
 # Options Spark itself passes on to a sink; they are not ours to check.
 _SPARK_OWNED = ("checkpointlocation",)
@@ -233,6 +235,28 @@ def _tls(opts: dict[str, str]) -> TlsFiles | None:
     return tls
 
 
+def _token(opts: dict[str, str]) -> str | None:
+    """The bearer token: ``token``, or read here on the driver from ``tokenFile`` (the
+    executors get the token itself, so the file need not be on them). The option named
+    ``token`` is redacted by Spark (``spark.redaction.regex``) in plans, the UI and event
+    logs; the dataclasses holding it leave it out of their repr."""
+    if opts.get("token") and opts.get("tokenFile"):
+        raise OptionError("tokenFile", "give token or tokenFile, not both")
+    if opts.get("tokenFile"):
+        path = os.path.abspath(opts["tokenFile"])
+        try:
+            with open(path) as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise OptionError("tokenFile", f"{path}: {e.strerror or e}") from None
+        if not token:
+            raise OptionError("tokenFile", f"{path} is empty")
+        return token
+    if "token" in opts:
+        return _nonempty("token", opts["token"])
+    return None
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """Reader options; see ``RocketMQDataSource`` for the reference of each."""
@@ -256,6 +280,7 @@ class ReadOptions:
     read_archive: bool = True
     local_reads: bool = True
     tls: TlsFiles | None = None
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "ReadOptions":
@@ -280,7 +305,7 @@ class ReadOptions:
                   if name in opts}
         result = cls(endpoints=_endpoints(opts), topics=sub.topics, topic_pattern=sub.pattern,
                      assign=sub.assign, subscribed_by=sub.option, starting=_bound(opts, "starting"),
-                     ending=_bound(opts, "ending"), tls=_tls(opts), **values)
+                     ending=_bound(opts, "ending"), tls=_tls(opts), token=_token(opts), **values)
         result._check()
         return result
 
@@ -354,6 +379,7 @@ class WriteOptions:
     topic: str | None = None
     idempotence_key: str | None = None
     tls: TlsFiles | None = None
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> "WriteOptions":
@@ -364,4 +390,5 @@ class WriteOptions:
                               "'topic' column to write rows to several topics")
         key = opts.get("idempotenceKey")
         key = _nonempty("idempotenceKey", key) if key is not None else None
-        return cls(endpoints=_endpoints(opts), topic=topic, idempotence_key=key, tls=_tls(opts))
+        return cls(endpoints=_endpoints(opts), topic=topic, idempotence_key=key, tls=_tls(opts),
+                   token=_token(opts))

@@ -15,7 +15,7 @@ from pyspark.sql.datasource import InputPartition
 
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import ArchiveSnapshot, QueueFiles, load_snapshot, offset_for_timestamp
-from rmq_spark.client import Client, QueueOffsets
+from rmq_spark.client import Client, NotFound, QueueOffsets
 
 from . import _offsets
 from ._options import Bound, ReadOptions
@@ -74,6 +74,12 @@ def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
         return [t for t in existing if opts.subscribes(t)]
     missing = [t for t in opts.topics if t not in existing]
     if missing:
+        # On a cluster with ACLs the listing holds only what this principal may
+        # describe: asking for the topic says which it is (PermissionDenied raised).
+        try:
+            client.describe_topic(missing[0])
+        except NotFound:
+            pass
         raise OptionError(opts.subscribed_by, f"topic {missing[0]!r} does not exist; create "
                           f"it first (rmq topic create {missing[0]}) or use topicPattern")
     return list(opts.topics)

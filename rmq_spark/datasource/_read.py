@@ -138,7 +138,7 @@ _clients: dict[str, Client] = {}
 _clients_lock = threading.Lock()
 
 
-def worker_client(endpoints: str, tls: TlsFiles | None = None) -> Client:
+def worker_client(endpoints: str, tls: TlsFiles | None = None, token: str | None = None) -> Client:
     """One client per endpoints list for the life of this Python worker process.
 
     Spark reuses a Python worker for task after task (``spark.python.worker.reuse``,
@@ -147,16 +147,16 @@ def worker_client(endpoints: str, tls: TlsFiles | None = None) -> Client:
     and follows leader changes itself; it is closed when the process exits.
     """
     with _clients_lock:
-        client = _clients.get((endpoints, tls))
+        client = _clients.get((endpoints, tls, token))
         if client is None:
-            client = _clients[(endpoints, tls)] = Client(endpoints, tls=tls)
+            client = _clients[(endpoints, tls, token)] = Client(endpoints, tls=tls, token=token)
         return client
 
 
 def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow RecordBatches, one per fetch."""
     reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
-    client = worker_client(opts.endpoints, opts.tls)
+    client = worker_client(opts.endpoints, opts.tls, opts.token)
     pool = ThreadPoolExecutor(1, thread_name_prefix="rmq-prefetch")
     try:
         fetcher = _Fetcher(client, opts, part)

@@ -241,11 +241,11 @@ class _TaskWriter:
 
 
 def send_tails(endpoints: str, work: list[tuple[str, Tail]],
-               tls: TlsFiles | None = None) -> tuple[int, int]:
+               tls: TlsFiles | None = None, token: str | None = None) -> tuple[int, int]:
     """Driver: send (producer id, tail) calls; returns (rows, duplicate rows)."""
     if not work:
         return 0, 0
-    client = Client(endpoints, tls=tls)
+    client = Client(endpoints, tls=tls, token=token)
     try:
         with ThreadPoolExecutor(8, thread_name_prefix="rmq-tails") as pool:
             # each (producer, topic, queue) has one tail, so all of them may run at once
@@ -260,7 +260,7 @@ def send_tails(endpoints: str, work: list[tuple[str, Tail]],
 def write_task(plan: SinkPlan, batches: Iterator[pa.RecordBatch], producer_id: str,
                batch_id: int, partition: int) -> TaskResult:
     """Write one task's rows exactly once; returns what was written."""
-    client = Client(plan.endpoints, tls=plan.tls)
+    client = Client(plan.endpoints, tls=plan.tls, token=plan.token)
     writer = _TaskWriter(plan, client, producer_id, batch_id, partition)
     try:
         for batch in batches:

@@ -42,6 +42,12 @@ class RocketMQDataSource(DataSource):
         A cluster with TLS: the CA its nodes' certificates are signed by, and a
         client certificate and key where the nodes require one. Paths, not
         contents: the driver checks them, executors read the same paths.
+    token, tokenFile : str
+        A cluster with ACLs: a bearer token (``rmq principal create``), or a file
+        holding one (read on the driver; executors get the token). Spark redacts
+        an option named ``token`` in plans, the UI, progress and event logs
+        (``spark.redaction.regex``); the principal needs ``consume`` on the topics
+        a reader reads, ``produce`` on those a writer writes.
 
     Read options
     ------------

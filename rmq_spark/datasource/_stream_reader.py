@@ -56,7 +56,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _c(self) -> Client:
         if self._client is None:
-            self._client = Client(self.opts.endpoints, tls=self.opts.tls)
+            self._client = Client(self.opts.endpoints, tls=self.opts.tls, token=self.opts.token)
         return self._client
 
     def _state(self) -> _planning.State:

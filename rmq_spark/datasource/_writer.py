@@ -66,7 +66,7 @@ def _commit(plan: SinkPlan, messages: Sequence[Optional[WriterCommitMessage]]) -
     """Send the tasks' tails; return a summary for the log."""
     done = [m for m in messages if isinstance(m, WriteCommit)]
     tail_rows, tail_dups = send_tails(plan.endpoints, [(m.producer_id, t) for m in done
-                                                       for t in m.tails], plan.tls)
+                                                       for t in m.tails], plan.tls, plan.token)
     rows = sum(m.rows for m in done) + tail_rows
     dups = sum(m.duplicate_rows for m in done) + tail_dups
     return (f"{len(done)}/{len(messages)} tasks, {rows} rows "

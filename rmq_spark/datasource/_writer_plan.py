@@ -5,7 +5,7 @@ type fails the write before anything is sent.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, MapType, ShortType,
@@ -43,7 +43,7 @@ def _check_column(name: str, dtype) -> None:
 
 
 def _check_topic_exists(opts: WriteOptions) -> None:
-    with Client(opts.endpoints, tls=opts.tls) as client:
+    with Client(opts.endpoints, tls=opts.tls, token=opts.token) as client:
         try:
             client.describe_topic(opts.topic)
         except NotFound as e:
@@ -57,6 +57,7 @@ class SinkPlan:
     topic: str | None            # the 'topic' option: overrides a topic column
     columns: tuple[str, ...]     # written columns present in the DataFrame
     tls: TlsFiles | None = None
+    token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_schema(cls, schema: StructType, opts: WriteOptions) -> "SinkPlan":
@@ -76,7 +77,8 @@ class SinkPlan:
                               "column")
         if opts.topic is not None:
             _check_topic_exists(opts)
-        return cls(opts.endpoints, opts.topic, tuple(n for n in names if n in _ALLOWED), opts.tls)
+        return cls(opts.endpoints, opts.topic, tuple(n for n in names if n in _ALLOWED), opts.tls,
+                   opts.token)
 
     def _col(self, batch: pa.RecordBatch, name: str) -> pa.Array | None:
         return batch.column(name) if name in self.columns else None

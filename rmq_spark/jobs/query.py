@@ -50,27 +50,31 @@ def check_max_offsets(n: int | None, error: type[JobConfigError] = JobConfigErro
                     "no limit)")
 
 
-def tls_options(tls) -> dict[str, str]:
-    """A ``TlsFiles`` as the source's and sink's options (paths; none without TLS)."""
-    if tls is None:
-        return {}
-    out = {"tlsCaFile": tls.ca}
-    if tls.cert:
-        out.update(tlsCertFile=tls.cert, tlsKeyFile=tls.key)
+def tls_options(tls, token: str | None = None) -> dict[str, str]:
+    """A ``TlsFiles`` and a bearer token as the source's and sink's options (paths and
+    ``token``: Spark redacts an option of that name in plans, the UI and event logs)."""
+    out = {}
+    if tls is not None:
+        out["tlsCaFile"] = tls.ca
+        if tls.cert:
+            out.update(tlsCertFile=tls.cert, tlsKeyFile=tls.key)
+    if token:
+        out["token"] = token
     return out
 
 
 def hot_stream(spark, endpoints: str, topic: str, starting: Mapping[int, int] | None,
-               max_offsets_per_trigger: int | None, tls=None, **options: str):
+               max_offsets_per_trigger: int | None, tls=None, token: str | None = None, **options: str):
     """``spark.readStream.format("rocketmq")`` of ``topic``'s hot log.
 
     ``starting``: offsets per queue (-2 earliest) for a new checkpoint; None
     when the checkpoint decides. ``tls``: the cluster's TLS files (``TlsFiles``),
-    given to the source as its ``tls*File`` options. ``options``: more reader options.
+    given to the source as its ``tls*File`` options, ``token`` as its ``token``.
+    ``options``: more reader options.
     """
     reader = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
               .option("topic", topic).option("readArchive", "false"))
-    for name, value in {**tls_options(tls), **options}.items():
+    for name, value in {**tls_options(tls, token), **options}.items():
         reader = reader.option(name, value)
     if starting:
         reader = reader.option("startingOffsets", json.dumps(

@@ -6,7 +6,7 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
@@ -111,6 +111,7 @@ class TierSettings:
     vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS
     retention_check_s: float = 60.0
     tls: TlsFiles | None = None          # the cluster's TLS files, for every client of the job
+    token: str | None = field(default=None, repr=False)   # the job's bearer token (ACLs)
 
     @classmethod
     def create(cls, client: Client, endpoints: str, topic: str, archive: str | None = None,
@@ -119,7 +120,7 @@ class TierSettings:
                fail_on_data_loss: bool = True,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0) -> "TierSettings":
-        """Checked against the cluster ``client`` reaches (its TLS files go to the job)."""
+        """Checked against the cluster ``client`` reaches (its TLS files and token go to the job)."""
         trig = parse_trigger(trigger)
         jobs.check_max_offsets(max_offsets_per_trigger, TierConfigError)
         if vacuum_retain_hours < 0:
@@ -130,7 +131,7 @@ class TierSettings:
         tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
-                   retention_check_s, client.tls)
+                   retention_check_s, client.tls, client.token)
 
     @property
     def available_now(self) -> bool:

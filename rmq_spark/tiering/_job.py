@@ -63,7 +63,8 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
                fail_on_data_loss: bool = True,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0,
-               progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None):
+               progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None,
+               token: str | None = None):
     """Archive ``topic`` into its Delta/Parquet archive with a streaming query.
 
     Parameters
@@ -102,6 +103,9 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
     tls : TlsFiles, optional
         A cluster with TLS: its CA (and a client certificate where required),
         for the job's own calls and its source.
+    token : str, optional
+        A cluster with ACLs: the job's bearer token (its principal needs consume
+        and alter on the topic), for its calls and its source (a redacted option).
 
     Returns
     -------
@@ -109,7 +113,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
         Terminated for ``available-now`` (its exception, if any, is raised),
         running otherwise.
     """
-    client = Client(endpoints, tls=tls)
+    client = Client(endpoints, tls=tls, token=token)
     try:
         settings = TierSettings.create(
             client, endpoints, topic, archive, format, trigger, checkpoint,
@@ -121,7 +125,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
 
 def start_tiering(spark, settings: TierSettings, progress: Callable[[str], None] | None = None):
     """``tier_topic`` for settings already checked (``TierSettings.create``)."""
-    client = Client(settings.endpoints, tls=settings.tls)
+    client = Client(settings.endpoints, tls=settings.tls, token=settings.token)
     try:
         run = _Run(spark, settings, client, progress or (lambda line: log.info("%s", line)))
         query = run.start()
@@ -155,7 +159,8 @@ class _Run:
         self._table_found = False              # the Delta archive has a log (it stays so)
         owner = (os.path.normpath(settings.checkpoint) if fs.is_local(settings.checkpoint)
                  else settings.checkpoint)
-        self.lease = TierLease(settings.endpoints, settings.topic, owner, tls=settings.tls)
+        self.lease = TierLease(settings.endpoints, settings.topic, owner, tls=settings.tls,
+                               token=settings.token)
         self._lease_lost: LeaseLost | None = None
         self.finished = threading.Event()      # the monitor is done (watch)
         self.failure: BaseException | None = None
@@ -207,7 +212,7 @@ class _Run:
     def _frame(self, starting: dict[int, int] | None):
         s = self.s
         return layout.archive_frame(hot_stream(
-            self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger, tls=s.tls,
+            self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger, tls=s.tls, token=s.token,
             failOnDataLoss=str(s.fail_on_data_loss).lower()))
 
     def _writer(self, frame):

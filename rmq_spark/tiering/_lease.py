@@ -49,12 +49,13 @@ class LeaseLost(TieringError):
 
 class TierLease:
     def __init__(self, endpoints: str, topic: str, owner: str, ttl_s: float | None = None,
-                 tls=None):
+                 tls=None, token: str | None = None):
         self.topic, self.owner = topic, owner
         self.ttl_s = TTL_S if ttl_s is None else ttl_s
         # Its own client: a lease call must give up well within the TTL.
         step = max(0.05, self.ttl_s / 3)
-        self.client = Client(endpoints, timeout=step, attempt_timeout=min(5.0, step), tls=tls)
+        self.client = Client(endpoints, timeout=step, attempt_timeout=min(5.0, step), tls=tls,
+                             token=token)
         self._granted_at: float | None = None      # monotonic, taken before the request
         self.token = 0                              # the lease's fencing token, once granted
         self._stop = threading.Event()

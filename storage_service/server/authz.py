@@ -80,11 +80,6 @@ def _cluster(op: str):
     return lambda r: [(op, "cluster", "")]
 
 
-def _offsets(r):
-    need = [("describe", "topic", r.topic)]
-    return need + [("describe", "group", r.group)] if r.group else need
-
-
 NODE_ONLY = ("ReplicaFetch", "JoinCluster")
 
 # method -> what it needs: [(operation, resource type, name)]; None: any authenticated
@@ -98,7 +93,7 @@ POLICY: dict[str, Callable | None] = {
     "Produce": _topic("produce"),
     "ProduceBatches": lambda r: sorted({("produce", "topic", b.topic) for b in r.batches}),
     "Fetch": _topic("consume"),
-    "Offsets": _offsets,
+    "Offsets": _topic("describe"),           # (its group is the raft group asked)
     "OffsetForTimestamp": _topic("describe"),
     "CommitOffsets": lambda r: [("consume", "group", r.consumer_group), ("consume", "topic", r.topic)],
     "GetCommittedOffsets": lambda r: [("describe", "group", r.consumer_group), ("describe", "topic", r.topic)],

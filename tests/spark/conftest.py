@@ -45,6 +45,10 @@ def spark(s3, tmp_path_factory):
                .config("spark.driver.memory", "1g")
                .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
                .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
+               # an event log, so tests can check what it holds (no secrets: test_tls_spark.py)
+               .config("spark.eventLog.enabled", "true")
+               .config("spark.eventLog.dir", str(tmp_path_factory.mktemp("event-log")))
+               .config("spark.eventLog.compress", "false")
                .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session

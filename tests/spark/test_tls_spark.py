@@ -1,10 +1,16 @@
-"""The Spark source and sink against a cluster with TLS (issue 22, first part):
-``tlsCaFile`` (and a client certificate where nodes require one)."""
+"""The Spark source and sink, and the tiering and compaction jobs, against a secured
+cluster (issue 22): TLS (``tlsCaFile``) and a bearer token (``token``/``tokenFile``)
+of a principal with exactly the ACLs it needs; the token never shows in plans,
+streaming progress or the event log."""
 from __future__ import annotations
+
+import glob
+import json
+import os
 
 import pytest
 
-from rmq_spark.client import Client
+from rmq_spark.client import Client, TlsFiles
 from storage_service.local import LocalCluster
 
 from ._helpers import Batches
@@ -14,70 +20,120 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
-    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("spark-tls")), secure=True,
-                     extra_args=["--tls-client-cert"])     # clients need a certificate too (mTLS)
+    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("spark-tls")), secure=True)
     c.start()
     yield c
     c.stop()
 
 
-def _tls_options(c) -> dict[str, str]:
-    return {"endpoints": c.endpoints, "tlsCaFile": c.tls.ca, "tlsCertFile": c.tls.cert,
-            "tlsKeyFile": c.tls.key}
+@pytest.fixture(scope="module")
+def admin(secure):
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token) as c:
+        yield c
 
 
-def test_read_write_and_stream_over_tls(spark, secure, tmp_path):
-    with Client(secure.endpoints, tls=secure.tls) as c:
-        c.create_topic("spark-tls", queues=2)
-    opts = _tls_options(secure)
+@pytest.fixture(scope="module")
+def app(admin, tmp_path_factory):
+    """A principal allowed to produce to and consume the sp- topics, and its token file."""
+    p = admin.create_principal("spark-app")
+    admin.change_acls(True, [dict(principal="spark-app", resource_type="topic", name="sp-", prefix=True,
+                                  operations=["produce", "consume"])])
+    path = tmp_path_factory.mktemp("app") / "app.token"
+    path.write_text(p["token"] + "\n")
+    return p["token"], str(path)
+
+
+def _event_log_text(spark) -> str:
+    d = spark.sparkContext.getConf().get("spark.eventLog.dir").replace("file:", "")
+    text = ""
+    for f in glob.glob(os.path.join(d, "**"), recursive=True):     # Spark 4: a folder of rolling files
+        if not os.path.isfile(f):
+            continue
+        with open(f, errors="replace") as fh:
+            text += fh.read()
+    return text
+
+
+def test_read_write_and_stream_over_tls_with_a_token(spark, secure, admin, app, tmp_path):
+    token, token_file = app
+    admin.create_topic("sp-tls", queues=2)
     rows = spark.createDataFrame([(f"v{i}", i % 2) for i in range(40)], "value string, queue int")
-    rows.write.format("rocketmq").options(**opts, topic="spark-tls").mode("append").save()
-
-    got = spark.read.format("rocketmq").options(**opts, topic="spark-tls").load()
+    (rows.write.format("rocketmq").options(endpoints=secure.endpoints, tlsCaFile=secure.tls.ca,
+                                           tokenFile=token_file, topic="sp-tls").mode("append").save())
+    opts = {"endpoints": secure.endpoints, "tlsCaFile": secure.tls.ca, "token": token}
+    got = spark.read.format("rocketmq").options(**opts, topic="sp-tls").load()
     assert sorted(bytes(r.value).decode() for r in got.select("value").collect()) == \
         sorted(f"v{i}" for i in range(40))
 
     batches = Batches()
-    q = (spark.readStream.format("rocketmq").options(**opts, topic="spark-tls",
-                                                     startingOffsets="earliest").load()
-         .writeStream.foreachBatch(batches).trigger(availableNow=True)
+    q = (spark.readStream.format("rocketmq").options(**opts, topic="sp-tls", startingOffsets="earliest")
+         .load().writeStream.foreachBatch(batches).trigger(availableNow=True)
          .option("checkpointLocation", str(tmp_path / "ck")).start())
     q.awaitTermination(120)
     assert sorted(bytes(v).decode() for v in batches.all()) == sorted(f"v{i}" for i in range(40))
-    # the options are paths, never key material, in the plan
-    plan = got._jdf.queryExecution().toString()
-    with open(secure.tls.key) as f:
-        assert f.read().splitlines()[1] not in plan
+    # the token is nowhere a user or a log would show it
+    shown = [got._jdf.queryExecution().toString(), got._sc._jvm.PythonSQLUtils.explainString(
+        got._jdf.queryExecution(), "extended"), json.dumps(q.recentProgress, default=str)]
+    assert all(token not in text for text in shown)
+    log = _event_log_text(spark)
+    assert "sp-tls" in log                          # the log has this query's events ...
+    assert token not in log                         # ... but not its token
+    assert token.split(".")[2] not in log           # (nor its signature alone)
 
 
-def test_tls_options_are_checked_on_the_driver(spark, secure, tmp_path):
+def test_a_principal_without_the_acl_is_refused_and_nothing_is_written(spark, secure, admin, app):
+    token, _ = app
+    admin.create_topic("other-topic", queues=1)
     from pyspark.errors import PySparkException
-    base = {"endpoints": secure.endpoints, "topic": "spark-tls"}
+    opts = {"endpoints": secure.endpoints, "tlsCaFile": secure.tls.ca, "token": token}
+    with pytest.raises(PySparkException, match="'spark-app' may not describe topic 'other-topic'"):
+        spark.read.format("rocketmq").options(**opts, topic="other-topic").load().count()
+    rows = spark.createDataFrame([("x",)], "value string")
+    with pytest.raises(PySparkException, match="'spark-app' may not describe topic 'other-topic'"):
+        rows.write.format("rocketmq").options(**opts, topic="other-topic").mode("append").save()
+    assert [o.latest for o in admin.offsets("other-topic")] == [0]
+    with pytest.raises(PySparkException, match="UNAUTHENTICATED|needs credentials|Unauthenticated"):
+        spark.read.format("rocketmq").options(endpoints=secure.endpoints, tlsCaFile=secure.tls.ca,
+                                              topic="sp-tls").load().count()
+
+
+def test_tls_and_token_options_are_checked_on_the_driver(spark, secure, tmp_path):
+    from pyspark.errors import PySparkException
+    base = {"endpoints": secure.endpoints, "topic": "sp-tls"}
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
     for extra, text in (({"tlsCaFile": str(tmp_path / "missing.pem")}, "tlsCaFile"),
                         ({"tlsCertFile": secure.tls.cert, "tlsKeyFile": secure.tls.key}, "tlsCaFile"),
-                        ({"tlsCaFile": secure.tls.ca, "tlsCertFile": secure.tls.cert}, "tlsKeyFile")):
+                        ({"tlsCaFile": secure.tls.ca, "tlsCertFile": secure.tls.cert}, "tlsKeyFile"),
+                        ({"token": "t", "tokenFile": str(empty)}, "not both"),
+                        ({"tokenFile": str(tmp_path / "missing.token")}, "tokenFile"),
+                        ({"tokenFile": str(empty)}, "is empty")):
         with pytest.raises(PySparkException, match=text):
             spark.read.format("rocketmq").options(**base, **extra).load().count()
 
 
-def test_tiering_and_compaction_jobs_over_tls(spark, secure, tmp_path):
+def test_tiering_and_compaction_jobs_with_a_token(spark, secure, admin, tmp_path):
     from rmq_spark.client import Message
     from rmq_spark.compaction import CompactedTable, compact_topic
     from rmq_spark.tiering import tier_topic
-    with Client(secure.endpoints, tls=secure.tls) as c:
-        c.create_topic("tier-tls", queues=2)
-        c.create_topic("compact-tls", queues=2, cleanup_policy="compact")
-        for q in range(2):
-            c.produce("tier-tls", [f"t{q}-{i}".encode() for i in range(10)], queue=q)
-            c.produce("compact-tls", [Message(f"v{i}".encode(), key=f"k{q}".encode())
+    jobs = admin.create_principal("jobs")
+    admin.change_acls(True, [dict(principal="jobs", resource_type="topic", name=t,
+                                  operations=["consume", "alter"]) for t in ("tier-tls", "compact-tls")])
+    admin.create_topic("tier-tls", queues=2)
+    admin.create_topic("compact-tls", queues=2, cleanup_policy="compact")
+    for q in range(2):
+        admin.produce("tier-tls", [f"t{q}-{i}".encode() for i in range(10)], queue=q)
+        admin.produce("compact-tls", [Message(f"v{i}".encode(), key=f"k{q}".encode())
                                       for i in range(3)], queue=q)
-        q = tier_topic(spark, secure.endpoints, "tier-tls", archive=str(tmp_path / "archive"),
-                       tls=secure.tls)
-        assert not q.isActive
-        assert spark.read.format("delta").load(str(tmp_path / "archive")).count() == 20
-        assert all(i["archived"] == 10 for i in c.describe_topic("tier-tls")["queue_info"])
-        q = compact_topic(spark, secure.endpoints, "compact-tls", table=str(tmp_path / "table"),
-                          tls=secure.tls)
-        assert not q.isActive
-        table = CompactedTable(str(tmp_path / "table"))
-        assert table.get(b"k0").value == b"v2" and table.get(b"k1").value == b"v2"
+    ca = TlsFiles(secure.tls.ca)
+    q = tier_topic(spark, secure.endpoints, "tier-tls", archive=str(tmp_path / "archive"), tls=ca,
+                   token=jobs["token"])
+    assert not q.isActive
+    assert spark.read.format("delta").load(str(tmp_path / "archive")).count() == 20
+    assert all(i["archived"] == 10 for i in admin.describe_topic("tier-tls")["queue_info"])
+    q = compact_topic(spark, secure.endpoints, "compact-tls", table=str(tmp_path / "table"), tls=ca,
+                      token=jobs["token"])
+    assert not q.isActive
+    table = CompactedTable(str(tmp_path / "table"))
+    assert table.get(b"k0").value == b"v2" and table.get(b"k1").value == b"v2"
+    assert all(i["compacted"] == 3 for i in admin.describe_topic("compact-tls")["queue_info"])
