@@ -127,7 +127,7 @@ def test_compact_topics_have_their_own_table_field_and_refuse_tiering(cluster, c
     d = client.describe_topic("fh-kv")
     assert (d["compacted_table"], d["tier"]) == ("delta:/tmp/fh-kv-table", "")
     client.produce("fh-kv", [{"value": b"v", "key": b"k"}] * 3, queue=0)
-    client.set_watermark("fh-kv", "compaction", {0: 2})
+    client.set_watermark("fh-kv", "compaction", {0: 2}, client.lease("fh-kv", "compact", "job", 60_000)[3])
     out = rmq(cluster, "topic", "describe", "fh-kv").stdout
     assert "compacted table delta:/tmp/fh-kv-table" in out
     header, row = out.splitlines()[1], out.splitlines()[3]

@@ -2,8 +2,8 @@
 
 One 3-node ``secure=True`` cluster (TLS, ``--authorize``, a token secret, the
 admin's token) for the module: principals made with ``create_principal``, ACLs
-through the metadata group, every refusal checked to change nothing. A 1-node
-plaintext cluster with ``--authorize`` checks the produce port's token hello.
+through the metadata group, every refusal checked to change nothing; the
+produce port's token hello over TLS.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import produce_address
 from storage_service.protocol.produce_frames import HELLO, FrameReader, check_hello, frame_head, hello
+from storage_service.protocol.tls import client_context
 from storage_service.security.tokens import TokenKeys
 
 pytestmark = pytest.mark.integration
@@ -155,7 +156,7 @@ def test_deleted_or_rotated_principals_tokens_stop_working_everywhere(cluster, a
     admin.delete_principal("erin")
     for address in cluster.addresses:
         with _as(cluster, new["token"], [address]) as c:
-            with pytest.raises(Unauthenticated, match="does not exist"):
+            with pytest.raises(Unauthenticated, match="was deleted"):
                 c.whoami(address)
 
 
@@ -241,60 +242,90 @@ def test_the_cli_makes_principals_and_acls(cluster, admin, tmp_path):
     assert both.returncode == 2 and "not both" in both.stderr
 
 
-@pytest.fixture(scope="module")
-def plain_authorized(tmp_path_factory):
-    """A plaintext node with --authorize and tokens (no TLS): the produce port's hello."""
-    from storage_service.security.tokens import make_secret
-    d = tmp_path_factory.mktemp("plain-auth")
-    secret = make_secret(str(d / "secret"))
-    c = LocalCluster(nodes=1, groups=1, data_dir=str(d / "data"),
-                     extra_args=["--replication-factor", "1", "--authorize", "--token-secret-file", secret,
-                                 "--superusers", "root"])
-    c.start()
-    yield c, TokenKeys.from_file(secret)
-    c.stop()
+def _leader_of(admin, topic: str) -> str:
+    g = admin.group_of(topic, 0)
+    return next(grp["leader"] for n in admin.cluster_status()["nodes"] for grp in n["groups"]
+                if grp["group"] == g and grp["leader"])
 
 
-def _produce_frame(address: str, token: str | None, topic: str) -> tuple[int, bytes]:
-    """One ProduceBatches over the produce port: (code, body) of the answer."""
-    from rmq_spark.client._messages import to_block
-    host, port = produce_address(address).rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(hello(token))
-        first = s.recv(HELLO.size)
-        frames = FrameReader(1 << 20)
+def _read_frame(s, frames: FrameReader, first: bytes = b""):
+    got = next(iter(frames.feed(first)), None) if first else None
+    while got is None:
+        chunk = s.recv(1 << 16)
+        assert chunk, "closed without an answer"
+        got = next(iter(frames.feed(chunk)), None)
+    return got.code, bytes(got.body)
+
+
+class _ProducePort:
+    """A produce-port connection over TLS with a token in its hello."""
+
+    def __init__(self, cluster, address: str, token: str | None):
+        host, port = produce_address(address).rsplit(":", 1)
+        raw = socket.create_connection((host, int(port)), timeout=10)
+        self.s = client_context(TlsFiles(cluster.tls.ca)).wrap_socket(raw, server_hostname=host)
+        self.s.sendall(hello(token))
+        first = self.s.recv(HELLO.size)
+        self.frames = FrameReader(1 << 20)
+        self.refused = None
         if first[:4] == b"RMQP":
             check_hello(first)
-            body = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
-                topic=topic, queue=0, records=to_block([b"wire"]), count=1)]).SerializeToString()
-            s.sendall(frame_head(1, 1, len(body)) + body)
-            first = b""
-        got = next(iter(frames.feed(first)), None)
-        while got is None:
-            chunk = s.recv(1 << 16)
-            assert chunk, "closed without an answer"
-            got = next(iter(frames.feed(chunk)), None)
-        return got.code, bytes(got.body)
+        else:                                       # an error frame instead of the node's hello
+            self.refused = _read_frame(self.s, self.frames, first)
+
+    def produce(self, topic: str, rid: int = 1) -> tuple[int, bytes]:
+        from rmq_spark.client._messages import to_block
+        body = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
+            topic=topic, queue=0, records=to_block([b"wire"]), count=1)]).SerializeToString()
+        self.s.sendall(frame_head(rid, 1, len(body)) + body)
+        return _read_frame(self.s, self.frames)
+
+    def close(self) -> None:
+        self.s.close()
 
 
-def test_the_produce_port_authenticates_its_hello(plain_authorized):
-    c, keys = plain_authorized
-    root = keys.mint("root", 0)
-    with Client(c.endpoints, token=root) as admin:
-        admin.create_topic("wire", queues=1)
-        pete = admin.create_principal("pete")
-        code, body = _produce_frame(c.addresses[0], None, "wire")
-        assert code == 16 and b"needs credentials" in body              # UNAUTHENTICATED
-        code, body = _produce_frame(c.addresses[0], "garbage", "wire")
-        assert code == 16 and b"not a token" in body
-        code, body = _produce_frame(c.addresses[0], pete["token"], "wire")
-        assert code == 7 and b"'pete' may not produce topic 'wire'" in body   # PERMISSION_DENIED
+def test_the_produce_port_authenticates_its_hello_and_every_frame(cluster, admin):
+    admin.create_topic("wire", queues=1)
+    leader = _leader_of(admin, "wire")
+    pete = admin.create_principal("pete")
+    garbage = _ProducePort(cluster, leader, "garbage")
+    assert garbage.refused is not None and garbage.refused[0] == 16 and b"not a token" in garbage.refused[1]
+    garbage.close()
+    anonymous = _ProducePort(cluster, leader, None)
+    code, body = anonymous.produce("wire")
+    assert code == 16 and b"needs credentials" in body                     # UNAUTHENTICATED
+    anonymous.close()
+    conn = _ProducePort(cluster, leader, pete["token"])
+    try:
+        code, body = conn.produce("wire")
+        assert code == 7 and b"'pete' may not produce topic 'wire'" in body  # PERMISSION_DENIED
         assert [o.latest for o in admin.offsets("wire")] == [0]
         admin.change_acls(True, [dict(principal="pete", resource_type="topic", name="wire",
                                       operations=["produce"])])
-        code, body = _produce_frame(c.addresses[0], pete["token"], "wire")
+        code, body = conn.produce("wire", 2)
         assert code == 0 and rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes[0].code == 0
-        with Client(c.endpoints, token=pete["token"]) as p:      # the client's produce port path
-            p.produce_batches([("wire", 0, [b"via client"])])
-            assert p._transports, "the produce went over gRPC, not the produce port"
-        assert [o.latest for o in admin.offsets("wire")] == [2]
+        # rotated while the connection is open: its next frame is refused
+        admin.create_principal("pete", rotate=True)
+        code, body = conn.produce("wire", 3)
+        assert code == 16 and b"replaced by a newer one" in body
+    finally:
+        conn.close()
+    assert [o.latest for o in admin.offsets("wire")] == [1]
+
+
+def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, cluster):
+    """--authorize without TLS (a plaintext raft port would let anyone pose as a node),
+    and a cluster port that is another node's port: exit 2, nothing written."""
+    sec = os.path.join(cluster.data_dir, "security")
+    tls = ["--tls-ca", f"{sec}/ca.pem", "--tls-cert", f"{sec}/node.pem", "--tls-key", f"{sec}/node-key.pem"]
+    data = tmp_path / "node"
+    for args, says in (
+            (["--nodes", "127.0.0.1:1", "--authorize", "--token-secret-file", f"{sec}/token-secret"],
+             "--authorize needs TLS"),
+            (["--nodes", "127.0.0.1:1", *tls, "--authorize"], "needs a way to authenticate"),
+            (["--nodes", "127.0.0.1:1,127.0.0.1:4", *tls], "cluster port 127.0.0.1:4"),
+            (["--nodes", "127.0.0.1:1", *tls, "--token-secret-file", str(tmp_path / "none")], "none")):
+        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+                              "--data-dir", str(data), *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
+        assert not data.exists()

@@ -620,7 +620,8 @@ def test_hot_compaction_keeps_each_keys_latest_record_on_every_replica(cluster, 
     # Nothing goes before the compaction job reports a watermark.
     time.sleep(1.2)
     assert _read_keyed(client, name, 0) == before
-    client.set_watermark(name, "compaction", {0: 805})    # the updates and deletes, not the tail
+    token = client.lease(name, "compact", "test-job", 60_000)[3]          # as the compaction job
+    client.set_watermark(name, "compaction", {0: 805}, token)    # the updates and deletes, not the tail
 
     def compacted(address=None):
         recs = _read_keyed(client, name, 0, address)

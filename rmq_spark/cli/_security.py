@@ -52,7 +52,11 @@ def cmd_principal(client: Client, a) -> int:
         except ValueError as e:
             print(f"rmq principal create: --ttl {a.ttl}: {e}", file=sys.stderr)
             return 2
+        if 0 < ttl_ms < 1000:
+            print(f"rmq principal create: --ttl {a.ttl}: give 1s or more (0: no expiry)", file=sys.stderr)
+            return 2
         out = client.create_principal(a.name, rotate=a.rotate, ttl_seconds=ttl_ms // 1000)
+        _unconfirmed(out["unconfirmed"])
         if a.json:
             print(json.dumps(out))
         else:
@@ -62,7 +66,7 @@ def cmd_principal(client: Client, a) -> int:
                   file=sys.stderr)
         return 0
     if a.action == "delete":
-        client.delete_principal(a.name)
+        _unconfirmed(client.delete_principal(a.name))
         print(f"deleted principal {a.name}: its tokens no longer work")
         return 0
     if a.action == "whoami":
@@ -79,6 +83,12 @@ def cmd_principal(client: Client, a) -> int:
                 ["principal", "token version", "superuser"]))
     print(f"\nsuperusers (node configuration): {', '.join(out['superusers']) or '(none)'}")
     return 0
+
+
+def _unconfirmed(nodes) -> None:
+    if nodes:
+        print(f"rmq: warning: not yet applied on {', '.join(nodes)} (down or cut off); "
+              "they apply it when they are back", file=sys.stderr)
 
 
 def _entry(a) -> dict:
@@ -98,7 +108,9 @@ def cmd_acl(client: Client, a) -> int:
         except ValueError as e:
             print(f"rmq acl {a.action}: {e}", file=sys.stderr)
             return 2
-        changed = client.change_acls(a.action == "add", [entry])
+        lagging: list[str] = []
+        changed = client.change_acls(a.action == "add", [entry], lagging)
+        _unconfirmed(lagging)
         print(f"{'allowed' if a.action == 'add' else 'no longer allowed'}: {a.principal} "
               f"{','.join(entry['operations'])} on "
               + ("the cluster" if a.cluster else

@@ -21,10 +21,14 @@ class SecurityCalls:
         one, ending every older token); needs the cluster's alter."""
         r = self.call("CreatePrincipal", rmq_pb2.CreatePrincipalRequest(
             name=name, rotate=rotate, ttl_seconds=ttl_seconds), group=META_GROUP)
-        return dict(name=r.name, token=r.token, version=r.version, expires_ms=r.expires_ms)
+        return dict(name=r.name, token=r.token, version=r.version, expires_ms=r.expires_ms,
+                    unconfirmed=list(r.unconfirmed))
 
-    def delete_principal(self, name: str) -> None:
-        self.call("DeletePrincipal", rmq_pb2.DeletePrincipalRequest(name=name), group=META_GROUP)
+    def delete_principal(self, name: str) -> list[str]:
+        """Delete a principal (its tokens end); the nodes that had not applied it within
+        3 s (down or cut off: they apply it when back)."""
+        return list(self.call("DeletePrincipal", rmq_pb2.DeletePrincipalRequest(name=name),
+                              group=META_GROUP).unconfirmed)
 
     def list_principals(self) -> dict:
         r = self.call("ListPrincipals", rmq_pb2.ListPrincipalsRequest(), group=META_GROUP)
@@ -32,11 +36,15 @@ class SecurityCalls:
                                      rotated_ms=p.rotated_ms, superuser=p.superuser) for p in r.principals],
                     superusers=list(r.superusers))
 
-    def change_acls(self, add: bool, entries: list[dict]) -> int:
+    def change_acls(self, add: bool, entries: list[dict], unconfirmed: list | None = None) -> int:
         """Allow (``add``) or stop allowing: each entry ``principal``, ``resource_type``
-        (topic, group, cluster), ``name``, ``prefix``, ``operations``; how many changed."""
+        (topic, group, cluster), ``name``, ``prefix``, ``operations``; how many changed.
+        Answered once every node applied it, or named in ``unconfirmed`` (a list to fill)."""
         req = rmq_pb2.ChangeAclsRequest(add=add, entries=[rmq_pb2.AclEntry(**e) for e in entries])
-        return self.call("ChangeAcls", req, group=META_GROUP).changed
+        r = self.call("ChangeAcls", req, group=META_GROUP)
+        if unconfirmed is not None:
+            unconfirmed.extend(r.unconfirmed)
+        return r.changed
 
     def list_acls(self, principal: str = "") -> list[dict]:
         r = self.call("ListAcls", rmq_pb2.ListAclsRequest(principal=principal), group=META_GROUP)

@@ -13,11 +13,18 @@ per micro-batch (``foreachBatch``):
 3. records the ``compaction`` watermark (the batch's end offsets) in the
    metadata group: everything below it is in the table.
 
+One job compacts a topic at a time: it holds the topic's ``compact`` lease
+(``rmq_spark.jobs.lease``: taken at start, renewed while the query runs,
+given back when it ends), checks it before each MERGE, and every watermark
+move carries its fencing token, so a job that lost it (paused, cut off, or a
+second job) never moves the watermark.
+
 The table path is the compact topic's ``compacted_table`` config (``delta:PATH``).
 """
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -27,12 +34,13 @@ from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
+from rmq_spark.jobs.lease import JobLease, LeaseLost
 from rmq_spark.spark import session_conf
 
 from .errors import CompactionConfigError
 from .table import BUCKETS_PROPERTY, DEFAULT_BUCKETS, TABLE_DDL
 
-__all__ = ["compact_topic", "CompactSettings"]
+__all__ = ["compact_topic", "CompactLease", "CompactSettings"]
 
 log = logging.getLogger(__name__)
 _TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -40,6 +48,13 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _MESSAGE_COLUMNS = ("key", "value", "topic", "queue", "offset", "timestamp", "born_timestamp",
                     "tags", "properties", "msg_id")
 _NEWER = "(s.queue > t.queue OR (s.queue = t.queue AND s.offset > t.offset))"
+
+
+class CompactLease(JobLease):
+    KIND = "compact"
+    JOB = "compaction"
+    VERB = "compacted"
+    CONFIG_ERROR = CompactionConfigError
 
 
 @dataclass(frozen=True)
@@ -125,17 +140,46 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
             info = client.describe_topic(topic)["queue_info"]
             starting = {q["queue"]: q["compacted"] if q.get("compacted", -1) >= 0 else -2
                         for q in info}
-    buckets_now = _ensure_table(spark, s)
-    say = progress or (lambda line: log.info("%s", line))
-    writer = _BatchWriter(s, buckets_now, say)
-    frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls,
-                       token=token)
-    w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
-         .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
-    with session_conf(spark, UTC_CONF):
-        query = w.start()
+    lease = CompactLease(endpoints, topic, _checkpoint.lease_owner(s.checkpoint), tls=tls, token=token)
+    lease.take()
+    try:
+        buckets_now = _ensure_table(spark, s)
+        say = progress or (lambda line: log.info("%s", line))
+        writer = _BatchWriter(s, buckets_now, say, lease)
+        frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls,
+                           token=token)
+        w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
+             .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
+        with session_conf(spark, UTC_CONF):
+            query = w.start()
+    except BaseException:
+        lease.release()
+        raise
+    lost: list[LeaseLost] = []
+
+    def on_lost(e: LeaseLost) -> None:
+        log.error("%s", e)
+        lost.append(e)
+        query.stop()
+
+    lease.start_renewing(on_lost)
     if s.available_now:
-        query.awaitTermination()
+        try:
+            query.awaitTermination()
+        finally:
+            lease.release()
+        if lost:
+            raise lost[0]
+        return query
+
+    def release_at_end() -> None:
+        try:
+            query.awaitTermination()
+        except Exception:       # noqa: BLE001 - the query's own failure is the caller's to see
+            pass
+        finally:
+            lease.release()
+    threading.Thread(target=release_at_end, name=f"rmq-compact-{topic}-lease", daemon=True).start()
     return query
 
 
@@ -158,8 +202,8 @@ def _ensure_table(spark, s: CompactSettings) -> int:
 class _BatchWriter:
     """The foreachBatch function: reduce, MERGE (idempotent on batch id), watermark."""
 
-    def __init__(self, s: CompactSettings, buckets: int, say: Callable[[str], None]):
-        self.s, self.buckets, self.say = s, buckets, say
+    def __init__(self, s: CompactSettings, buckets: int, say: Callable[[str], None], lease: JobLease):
+        self.s, self.buckets, self.say, self.lease = s, buckets, say, lease
         self._app_id: str | None = None
 
     def __call__(self, df, batch_id: int) -> None:
@@ -174,6 +218,7 @@ class _BatchWriter:
                   .agg(F.max_by(F.struct(*cols), F.struct("queue", "offset")).alias("r"))
                   .select("r.*")
                   .withColumn("bucket", F.pmod(F.crc32("key"), F.lit(self.buckets)).cast("int")))
+        self.lease.check()          # a job that lost the topic's lease compacts nothing more
         with session_conf(spark, {_TXN_APP_ID: self._app_id, _TXN_VERSION: str(batch_id)}):
             (DeltaTable.forPath(spark, self.s.table).alias("t")
              .merge(latest.alias("s"), "t.bucket = s.bucket AND t.key = s.key")
@@ -184,6 +229,6 @@ class _BatchWriter:
         end = _checkpoint.batch_end(self.s.checkpoint, batch_id, self.s.topic)
         if end:
             with Client(self.s.endpoints, tls=self.s.tls, token=self.s.token) as client:
-                client.set_watermark(self.s.topic, "compaction", end)
+                client.set_watermark(self.s.topic, "compaction", end, lease_token=self.lease.token)
         self.say(f"compact {self.s.topic}: batch {batch_id} merged, compacted to "
                  + " ".join(f"q{q}={o}" for q, o in sorted(end.items())))

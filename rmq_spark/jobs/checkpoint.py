@@ -54,6 +54,12 @@ def location(path: str, what: str, error: type[JobConfigError] = JobConfigError)
     return os.path.abspath(path)
 
 
+def lease_owner(checkpoint: str) -> str:
+    """A job's lease owner: its checkpoint (a local path normalized), so the same job
+    restarted on it takes its lease back at once."""
+    return os.path.normpath(checkpoint) if fs.is_local(checkpoint) else checkpoint
+
+
 def checkpoint_under(home: str, topic: str) -> str:
     """``HOME/_rmq_checkpoints/TOPIC``: stable, so a rerun resumes. A name starting
     with ``_`` is invisible to Delta (VACUUM too) and to Parquet readers."""

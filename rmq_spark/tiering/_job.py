@@ -157,9 +157,8 @@ class _Run:
         self._end: dict[int, int] = {}
         self._legacy_done: int | None = None   # last batch committed under the pre-fence app id
         self._table_found = False              # the Delta archive has a log (it stays so)
-        owner = (os.path.normpath(settings.checkpoint) if fs.is_local(settings.checkpoint)
-                 else settings.checkpoint)
-        self.lease = TierLease(settings.endpoints, settings.topic, owner, tls=settings.tls,
+        self.lease = TierLease(settings.endpoints, settings.topic,
+                               _checkpoint.lease_owner(settings.checkpoint), tls=settings.tls,
                                token=settings.token)
         self._lease_lost: LeaseLost | None = None
         self.finished = threading.Event()      # the monitor is done (watch)

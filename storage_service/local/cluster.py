@@ -39,11 +39,9 @@ def _admin_token(secret_file: str, path: str) -> str:
         return token
     except (OSError, BadToken):
         pass
+    from ..security.certs import write_private
     token = keys.mint(ADMIN, 0)
-    fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(f"{path}.tmp", path)
+    write_private(path, (token + "\n").encode())
     return token
 
 

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Issued", "ensure_local", "issue", "make_ca"]
+__all__ = ["Issued", "ensure_local", "issue", "make_ca", "write_private"]
 
 CA_DAYS, LEAF_DAYS = 3650, 825
 
@@ -35,13 +35,24 @@ def _name(common_name: str) -> x509.Name:
 
 
 def _write(path: str, data: bytes, private: bool = False) -> None:
+    """``data`` to ``path`` atomically; ``private``: mode 0600 from its first byte (a
+    leftover temporary file, whatever its mode, is removed, never written into)."""
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if private else 0o644)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_private(path: str, data: bytes) -> None:
+    """A secret (key, token) to ``path``, mode 0600."""
+    _write(path, data, private=True)
 
 
 def _key_pem(key) -> bytes:

@@ -46,13 +46,8 @@ class Claims:
 def make_secret(path: str) -> str:
     """Write a new token secret to ``path`` (0600) unless one is there; the path."""
     if not os.path.exists(path):
-        tmp = f"{path}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        from .certs import write_private
+        write_private(path, (secrets.token_hex(32) + "\n").encode())
     return path
 
 

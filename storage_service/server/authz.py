@@ -161,6 +161,8 @@ class Gate:
         token = header[len(BEARER):].strip()
         keys = self.config.token_keys
         if keys is None:
+            if not self.config.authorize:
+                return ANONYMOUS         # a TLS-only node: credentials are not asked for
             raise _unauthenticated("this node takes no tokens (it has no --token-secret-file)")
         with self._lock:
             claims = self._tokens.get(token)
@@ -188,11 +190,14 @@ class Gate:
         return Principal(name, "token", name in self.config.superusers)
 
     def _revoked(self, claims: Claims) -> str | None:
-        have = self.meta.security.version(claims.principal)
+        record = self.meta.security
+        have = record.version(claims.principal)
         if have is None:
+            if record.was_deleted(claims.principal):
+                return f"principal {claims.principal!r} was deleted"
             if claims.version == 0 and claims.principal in self.config.superusers:
-                return None              # a configured superuser's bootstrap token
-            return f"principal {claims.principal!r} does not exist (deleted?)"
+                return None              # a configured superuser's bootstrap token, never replaced
+            return f"principal {claims.principal!r} does not exist"
         if have != claims.version:
             return (f"the token of principal {claims.principal!r} was replaced by a newer one "
                     f"(version {claims.version}, now {have})")

@@ -124,6 +124,20 @@ def run_node(args) -> int:
         if problem:
             print(f"rmq-storage: TLS: {problem}", file=sys.stderr)
             return 2
+    if args.authorize and not tls_given:
+        print("--authorize needs TLS (--tls-ca, --tls-cert, --tls-key): nodes know each other by "
+              "their certificates, and a plaintext raft port would let anyone pose as a node",
+              file=sys.stderr)
+        return 2
+    if tls_given and not args.join:
+        from ..protocol.placement import cluster_address, produce_address, raft_address
+        mine = cluster_address(addresses[args.id])
+        taken = {f(a) for a in addresses for f in (lambda x: x, raft_address, produce_address)}
+        if mine in taken:
+            print(f"rmq-storage: this node's cluster port {mine} (gRPC port + 3, served with TLS) is "
+                  "another of the cluster's ports: give the nodes gRPC ports at least 4 apart",
+                  file=sys.stderr)
+            return 2
     if args.authorize and not (args.token_secret_file or args.tls_client_cert):
         print("--authorize needs a way to authenticate callers: --token-secret-file (bearer tokens) "
               "and/or --tls-client-cert (client certificates)", file=sys.stderr)

@@ -129,7 +129,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self._peer_credentials = None if config.tls is None else channel_credentials(config.tls)
         self.security = security_config(config)
         self.gate = Gate(self.security, self.meta, self.meta_sync) if self.security.active else None
-        self._meta_synced = 0.0
+        self._meta_synced = self._meta_sync_failed = 0.0
         self._meta_sync_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
         os.makedirs(config.data_dir, exist_ok=True)
@@ -417,27 +417,59 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
     def meta_sync(self, timeout: float = 2.0) -> None:
         """Wait until this node has applied what the metadata leader had committed when
         asked (a no-op on the leader): an ACL or principal made there a moment ago then
-        holds here too (``authz.Gate`` calls this before denying). Calls that overlap
-        share one round trip."""
+        holds here too (``authz.Gate`` calls this before denying). A sync that started
+        after this call was made covers it; after a failed one (leader unreachable) none
+        is tried for a second, so denials never queue up behind a dead leader."""
         raft = self.groups.get(META_GROUP)
         if raft is None or raft.is_leader:
             return
         asked = time.monotonic()
         with self._meta_sync_lock:
-            if self._meta_synced >= asked:
+            if self._meta_synced >= asked or asked - self._meta_sync_failed < 1.0:
                 return
-            leader = self.leader_of(META_GROUP)
-            if not leader or leader == self.config.address:
-                return
-            try:
-                commit = self.stub(leader).GroupInfo(rmq_pb2.GroupInfoRequest(group=META_GROUP),
-                                                     timeout=timeout).commit_index
-            except grpc.RpcError:
-                return
-            deadline = time.monotonic() + timeout
-            while raft.raftLastApplied < commit and time.monotonic() < deadline:
-                time.sleep(0.005)
-            self._meta_synced = time.monotonic()
+        leader = self.leader_of(META_GROUP)
+        if not leader or leader == self.config.address:
+            return
+        started = time.monotonic()
+        try:
+            commit = self.stub(leader).GroupInfo(rmq_pb2.GroupInfoRequest(group=META_GROUP),
+                                                 timeout=timeout).commit_index
+        except grpc.RpcError:
+            with self._meta_sync_lock:
+                self._meta_sync_failed = time.monotonic()
+            return
+        deadline = time.monotonic() + timeout
+        while raft.raftLastApplied < commit and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if raft.raftLastApplied >= commit:
+            with self._meta_sync_lock:
+                self._meta_synced = max(self._meta_synced, started)
+
+    def await_meta_applied(self, timeout: float = 3.0) -> list[str]:
+        """On the metadata leader, after a change it applied: wait until every node of
+        the metadata group applied as far (a revoked ACL or token then holds on every
+        node at once); the nodes that did not confirm within ``timeout`` (down, cut
+        off: they apply it when they are back)."""
+        target = self.groups[META_GROUP].raftLastApplied
+        pending = [a for a in self.replicas_of(META_GROUP) if a != self.config.address]
+        deadline = time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            behind = []
+            for a in pending:
+                try:
+                    st = self.stub(a).GetNodeStatus(rmq_pb2.NodeStatusRequest(), timeout=min(1.0, left))
+                    applied = next((g.applied_index for g in st.groups if g.group == META_GROUP), -1)
+                except grpc.RpcError:
+                    applied = -1
+                if applied < target:
+                    behind.append(a)
+            pending = behind
+            if pending:
+                time.sleep(0.02)
+        return pending
 
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:

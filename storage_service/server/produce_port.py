@@ -148,11 +148,12 @@ class ProduceWireServer:
                 if n > MAX_TOKEN:
                     raise WireProtocolError(f"a token of {n} bytes; at most {MAX_TOKEN}")
                 token = "Bearer " + bytes(recv_exact(conn, n)).decode("utf-8", "replace")
-            principal = None
+            credentials = None
             if self._gate is not None:
                 cert = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
-                try:
-                    principal = self._gate.principal(token, common_name(cert))
+                credentials = (token, common_name(cert))
+                try:                         # a bad token: refused before the node's hello
+                    self._gate.principal(*credentials)
                 except ServiceError as e:
                     _try_send_error(conn, e.code, e.message)
                     return
@@ -165,7 +166,7 @@ class ProduceWireServer:
                         f"connection closed with {frames.buffered} bytes of a frame read")
                 frame = frames.got(n)
                 if frame is not None:
-                    code, reply = self._answer(frame.code, frame.body, principal)
+                    code, reply = self._answer(frame.code, frame.body, credentials)
                     send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
@@ -183,7 +184,7 @@ class ProduceWireServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _answer(self, method: int, body: bytearray, principal=None) -> tuple[int, bytes]:
+    def _answer(self, method: int, body: bytearray, credentials=None) -> tuple[int, bytes]:
         if method != METHOD_PRODUCE_BATCHES:
             return _error(grpc.StatusCode.UNIMPLEMENTED,
                           f"method {method}: the produce stream serves {METHOD_PRODUCE_BATCHES} "
@@ -194,7 +195,8 @@ class ProduceWireServer:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a ProduceBatchesRequest: {e}")
         try:
             if self._gate is not None:
-                self._gate.check_call("ProduceBatches", request, principal)
+                # every frame: a token rotated, deleted or expired since the hello ends here
+                self._gate.check_call("ProduceBatches", request, self._gate.principal(*credentials))
             return 0, self._handle(request).SerializeToString()
         except ServiceError as e:
             return _error(e.code, e.message)

@@ -45,14 +45,15 @@ class SecurityAdmin:
         ttl = request.ttl_seconds or None
         token = sec.token_keys.mint(name, version, ttl, now=now / 1000)
         return rmq_pb2.CreatePrincipalResponse(name=name, token=token, version=version,
-                                               expires_ms=now + ttl * 1000 if ttl else 0)
+                                               expires_ms=now + ttl * 1000 if ttl else 0,
+                                               unconfirmed=self.node.await_meta_applied())
 
     @_guard
     def DeletePrincipal(self, request, context):
         if not request.name:
             raise invalid("give the principal's name")
         self.node.meta_command(SetPrincipal(request.name, self.node.now_ms(), delete=True))
-        return rmq_pb2.DeletePrincipalResponse()
+        return rmq_pb2.DeletePrincipalResponse(unconfirmed=self.node.await_meta_applied())
 
     @_guard
     def ListPrincipals(self, request, context):
@@ -74,7 +75,9 @@ class SecurityAdmin:
             except ValueError as err:
                 raise invalid(str(err)) from None
         changed = self.node.meta_command(ChangeAcls(request.add, tuple(x.encode() for x in entries)))
-        return rmq_pb2.ChangeAclsResponse(changed=changed)
+        # a revoke must hold everywhere once answered (a grant does anyway: authz syncs
+        # before it denies); the nodes that could not confirm are named
+        return rmq_pb2.ChangeAclsResponse(changed=changed, unconfirmed=self.node.await_meta_applied())
 
     @_guard
     def ListAcls(self, request, context):

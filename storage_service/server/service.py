@@ -344,10 +344,12 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
         token = None
         if request.kind in FENCED_WATERMARKS:
             if request.lease_token <= 0:
+                lease = FENCED_WATERMARKS[request.kind]
                 raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                    f"watermark {request.kind} of topic {request.topic!r}: give lease_token, "
-                                   "the token of the topic's tier lease (Lease answers it): retention deletes "
-                                   "hot data below the archive watermark, so only the tiering job moves it")
+                                   f"the token of the topic's {lease} lease (Lease answers it): only the "
+                                   f"job holding it moves this watermark (retention and compaction drop "
+                                   "hot data below it)")
             token = request.lease_token
         self.node.meta_command(SetWatermark(request.topic, request.kind, dict(request.offsets), token))
         return rmq_pb2.SetWatermarkResponse()
@@ -382,6 +384,8 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
                              since_ms=rec.get("since_ms", 0))
         resp.controller = self.node.controller.doing
         resp.rebalance_asked, resp.rebalance_done = self.node.meta.rebalance, self.node.meta.rebalanced
+        if not self._may_describe(context, "cluster", ""):
+            return resp          # any client routes by the placement; the nodes' details need describe
         known = self.node.cluster_nodes()
         for addr in known:
             if addr == self.node.config.address:

@@ -23,7 +23,7 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
 CLEANUP_POLICIES = ("delete", "compact")
 WATERMARK_KINDS = ("archive", "archive_earliest", "compaction")
-LEASE_KINDS = ("tier",)
+LEASE_KINDS = ("tier", "compact")
 # An archive or table on an object store: SCHEME://BUCKET/... (rmq_spark.fs.OBJECT_SCHEMES)
 _STORE_URI = r"((s3a|s3|s3n|gs)://[^/:@]+|(hdfs|abfs|abfss)://[^/]+)(/|$)"
 MAX_LEASE_MS = 86_400_000

@@ -24,9 +24,10 @@ __all__ = ["FENCED_WATERMARKS", "MetaState", "NODE_STATES", "TOPIC_DEFAULTS", "n
 # of the cluster (it holds nothing and may be stopped).
 NODE_STATES = ("active", "leaving", "removed")
 
-# Watermarks only the topic's tiering job moves (under its tier lease): retention
-# deletes hot data below ``archive``.
-FENCED_WATERMARKS = ("archive", "archive_earliest")
+# Watermarks only the topic's job of a kind moves, under its lease (watermark kind ->
+# lease kind): retention deletes hot data below ``archive``; compaction drops values
+# below ``compaction`` that a newer one of the key replaces.
+FENCED_WATERMARKS = {"archive": "tier", "archive_earliest": "tier", "compaction": "compact"}
 
 TOPIC_DEFAULTS = {
     "queues": 4, "retention_ms": 7 * 86400_000, "retention_bytes": 0,
@@ -163,14 +164,15 @@ class MetaState:
         if missing := self._missing(cmd.topic):
             return missing
         if cmd.kind in FENCED_WATERMARKS and cmd.lease_token is not None:
-            cur = self.leases.get(cmd.topic, {}).get("tier")
+            lease = FENCED_WATERMARKS[cmd.kind]
+            cur = self.leases.get(cmd.topic, {}).get(lease)
             if cur is None or len(cur) < 3 or cur[2] != cmd.lease_token:
                 held = f"the current one is token {cur[2]}, held by {cur[0]}" if cur and len(cur) > 2 \
-                    else "the topic has no tier lease now"
+                    else f"the topic has no {lease} lease now"
                 return ("error", "FAILED_PRECONDITION",
                         f"watermark {cmd.kind} of topic {cmd.topic!r}: lease token {cmd.lease_token} is not "
-                        f"the topic's tier lease ({held}): only the tiering job holding it moves the "
-                        "archive watermarks")
+                        f"the topic's {lease} lease ({held}): only the job holding it moves this "
+                        "watermark")
         cur = self.watermarks.setdefault(cmd.topic, {}).setdefault(cmd.kind, {})
         for q, o in cmd.offsets.items():   # watermarks only move forward
             cur[str(q)] = max(int(o), cur.get(str(q), -1))

@@ -16,6 +16,9 @@ class SecurityState:
     def __init__(self):
         self.principals: dict[str, dict] = {}     # name -> {"version": raft index, "created_ms": ...}
         self.acls: dict[tuple, AclEntry] = {}     # AclEntry.key() -> entry
+        # names deleted and not created again: a superuser's bootstrap (version 0) token
+        # must not come back to life when its principal record is deleted
+        self.deleted: set[str] = set()
 
     # ------------------------------------------------------------- commands
     def set_principal(self, raft_index: int, cmd: SetPrincipal):
@@ -24,6 +27,7 @@ class SecurityState:
             if cur is None:
                 return ("error", "NOT_FOUND", f"principal {cmd.name!r} does not exist")
             del self.principals[cmd.name]
+            self.deleted.add(cmd.name)
             return ("ok", None)
         if cur is not None and not cmd.rotate:
             return ("error", "ALREADY_EXISTS",
@@ -33,6 +37,7 @@ class SecurityState:
         # The version is this entry's raft index: every replica computes the same, and
         # it never repeats, so a deleted-then-recreated principal's old tokens stay dead.
         self.principals[cmd.name] = {"version": raft_index, "created_ms": created, "rotated_ms": cmd.now_ms}
+        self.deleted.discard(cmd.name)
         return ("ok", raft_index)
 
     def change_acls(self, raft_index: int, cmd: ChangeAcls):
@@ -59,6 +64,9 @@ class SecurityState:
         p = self.principals.get(name)
         return None if p is None else p["version"]
 
+    def was_deleted(self, name: str) -> bool:
+        return name in self.deleted
+
     def allows(self, principal: str, operation: str, rtype: str, name: str) -> bool:
         return allows(list(self.acls.values()), principal, operation, rtype, name)
 
@@ -67,9 +75,11 @@ class SecurityState:
 
     # ------------------------------------------------------------- snapshot
     def to_json(self) -> dict:
-        return {"principals": self.principals, "acls": [e.encode() for e in self.acls.values()]}
+        return {"principals": self.principals, "acls": [e.encode() for e in self.acls.values()],
+                "deleted": sorted(self.deleted)}
 
     def load(self, d: dict | None) -> None:
         d = d or {}
         self.principals = d.get("principals", {})
         self.acls = {e.key(): e for e in (AclEntry.decode(raw) for raw in d.get("acls", []))}
+        self.deleted = set(d.get("deleted", []))

@@ -407,7 +407,17 @@ def test_rotation_and_deletion_end_a_cached_token(gate, meta):
     _unauthenticated(gate, header, "replaced")
     assert gate.principal(_bearer("alice", 6), None).name == "alice"
     _set(meta, 7, "alice", delete=True)
-    _unauthenticated(gate, _bearer("alice", 6), "does not exist")
+    _unauthenticated(gate, _bearer("alice", 6), "was deleted")
+
+
+def test_a_deleted_superuser_record_does_not_bring_the_bootstrap_token_back(gate, meta):
+    """admin's version-0 token works while admin was never recorded; once a record was
+    made (which ends it) and deleted, it stays dead."""
+    assert gate.principal(_bearer("admin", 0), None).superuser
+    _set(meta, 9, "admin")
+    _unauthenticated(gate, _bearer("admin", 0), "replaced")
+    _set(meta, 10, "admin", delete=True)
+    _unauthenticated(gate, _bearer("admin", 0), "was deleted")
 
 
 def test_cached_token_is_refused_once_expired(gate, monkeypatch):
