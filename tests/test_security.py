@@ -329,3 +329,26 @@ def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, clust
                               "--data-dir", str(data), *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
         assert not data.exists()
+
+
+def test_the_compaction_watermark_needs_the_compact_lease(cluster, admin):
+    """One compaction job per topic (the 'compact' lease), and only it moves the
+    compaction watermark: a second job is refused, a stale token moves nothing."""
+    from rmq_spark.compaction import CompactionConfigError
+    from rmq_spark.compaction._job import CompactLease
+    admin.create_topic("kv-fenced", queues=1, cleanup_policy="compact")
+    with pytest.raises(FailedPrecondition, match="compact lease"):
+        admin.set_watermark("kv-fenced", "compaction", {0: 1})
+    ca = TlsFiles(cluster.tls.ca)
+    a = CompactLease(cluster.endpoints, "kv-fenced", "/ck/a", tls=ca, token=cluster.token)
+    b = CompactLease(cluster.endpoints, "kv-fenced", "/ck/b", tls=ca, token=cluster.token)
+    a.take()
+    with pytest.raises(CompactionConfigError, match="being compacted by another job"):
+        b.take()
+    admin.set_watermark("kv-fenced", "compaction", {0: 1}, lease_token=a.token)
+    a.release()
+    b.take()
+    with pytest.raises(FailedPrecondition, match="not the topic's compact lease"):
+        admin.set_watermark("kv-fenced", "compaction", {0: 5}, lease_token=a.token)
+    assert admin.describe_topic("kv-fenced")["queue_info"][0]["compacted"] == 1
+    b.release()
