@@ -324,7 +324,9 @@ def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, clust
              "--authorize needs TLS"),
             (["--nodes", "127.0.0.1:1", *tls, "--authorize"], "needs a way to authenticate"),
             (["--nodes", "127.0.0.1:1,127.0.0.1:4", *tls], "cluster port 127.0.0.1:4"),
-            (["--nodes", "127.0.0.1:1", *tls, "--token-secret-file", str(tmp_path / "none")], "none")):
+            (["--nodes", "127.0.0.1:1", *tls, "--token-secret-file", str(tmp_path / "none")], "none"),
+            (["--nodes", "127.0.0.1:1", "--data-umask", "700"], "--data-umask 700"),
+            (["--nodes", "127.0.0.1:1", "--data-umask", "rw"], "--data-umask rw")):
         out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
                               "--data-dir", str(data), *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
@@ -352,3 +354,30 @@ def test_the_compaction_watermark_needs_the_compact_lease(cluster, admin):
         admin.set_watermark("kv-fenced", "compaction", {0: 5}, lease_token=a.token)
     assert admin.describe_topic("kv-fenced")["queue_info"][0]["compacted"] == 1
     b.release()
+
+
+def _modes(node_dir: str) -> tuple[int, set[int]]:
+    """(the data directory's mode, the modes of its .log segment files)."""
+    files = {os.stat(os.path.join(root, f)).st_mode & 0o777
+             for root, _, names in os.walk(node_dir) for f in names if f.endswith(".log")}
+    return os.stat(node_dir).st_mode & 0o777, files
+
+
+def test_segment_files_are_the_nodes_alone_unless_configured(cluster, admin, tmp_path):
+    """Default (--data-umask 077): the data directory is 0700 and segments 0600, so no
+    other user of the host reads them (a Spark worker of another user falls back to
+    network reads); --data-umask 027 gives the node's group read access."""
+    admin.produce("orders", [b"on disk"], queue=0)
+    mode, files = _modes(os.path.join(cluster.data_dir, "node-0"))
+    assert mode == 0o700 and files == {0o600}, (oct(mode), [oct(f) for f in files])
+    c = LocalCluster(nodes=1, groups=1, data_dir=str(tmp_path / "grp"),
+                     extra_args=["--replication-factor", "1", "--data-umask", "027"])
+    c.start()
+    try:
+        with Client(c.endpoints) as client:
+            client.create_topic("g", queues=1)
+            client.produce("g", [b"x"], queue=0)
+        mode, files = _modes(os.path.join(c.data_dir, "node-0"))
+        assert mode == 0o750 and files == {0o640}, (oct(mode), [oct(f) for f in files])
+    finally:
+        c.stop()

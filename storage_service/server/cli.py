@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -73,6 +74,10 @@ def _parse(argv):
                         "checks bearer tokens (rmq principal create)")
     n.add_argument("--superusers", default="",
                    help="principals (token subjects, certificate CNs) allowed everything, comma-separated")
+    n.add_argument("--data-umask", default="077",
+                   help="octal umask for what the node writes; the data directory gets 0777 & ~it "
+                        "(default 077: only the node's user reads segments; 027 lets its group read "
+                        "them, e.g. a Spark worker's user for short-circuit local reads)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -154,6 +159,16 @@ def run_node(args) -> int:
             print(f"rmq-storage: {e}", file=sys.stderr)
             return 2
     try:
+        umask = int(args.data_umask, 8)
+        if not 0 <= umask <= 0o777 or umask & 0o700:
+            raise ValueError
+    except ValueError:
+        print(f"--data-umask {args.data_umask}: give an octal umask that leaves the node's user "
+              "its rights, 000-077 (e.g. 077, 027)", file=sys.stderr)
+        return 2
+    os.umask(umask)
+    args.data_umask = umask
+    try:
         node = _make_node(args, addresses)
     except DirectoryInUse as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
@@ -211,7 +226,7 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   tls_client_cert=args.tls_client_cert,
                                   node_names=_names(args.node_names), authorize=args.authorize,
                                   token_secret_file=args.token_secret_file,
-                                  superusers=_names(args.superusers)))
+                                  superusers=_names(args.superusers), data_umask=args.data_umask))
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -90,6 +90,8 @@ class NodeConfig:
     authorize: bool = False             # credentials required, ACLs enforced (server/authz.py)
     token_secret_file: str | None = None  # signs and checks bearer tokens (security/tokens.py)
     superusers: tuple[str, ...] = ()    # principals allowed everything
+    data_umask: int = 0o077             # the data directory's mode is 0777 & ~this (0700: the node's
+                                        # user only; rmq-storage node also sets it as its umask)
 
     @property
     def address(self) -> str:
@@ -133,6 +135,9 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
         self._meta_sync_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
         os.makedirs(config.data_dir, exist_ok=True)
+        # Whoever cannot enter the data directory reads no segment, journal or
+        # snapshot in it, whatever their own modes (files made before included).
+        os.chmod(config.data_dir, 0o700 | (0o777 & ~config.data_umask))
         self.disk = DiskSpace(config.data_dir, config.min_free_bytes)
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
                                   listen=raft_address(config.address),
