@@ -25,6 +25,12 @@ once replicated):
    on, 5 ms ticks, commands of 100 messages; what is left for a
    pysyncobj-based log before it does any storage work.
 
+With ``--secure``, rows 2 and 3 are measured again on a second cluster made by
+``LocalCluster(secure=True)`` (TLS on every port, ACLs on), as a principal with
+only ``produce`` on the topic, its bearer token on every call: TLS clients
+produce over gRPC, so row 3's TLS twin is compared with row 3 and its gRPC twin.
+The two clusters run one after the other in each round (order alternating).
+
 Rows 1-4 (and 3's gRPC twin) are measured ``--rounds`` times (rmq-spark and NATS taking turns)
 and the table shows medians. MB = 10^6 bytes of message values; progress
 goes to stderr, the table to stdout. Values are incompressible by default (``--payload``): pysyncobj's
@@ -77,6 +83,10 @@ RMQ_B100X8 = "rmq-spark 3-node, batch=100 x 8 queues/call"
 RMQ_B100X8_GRPC = "  the same over gRPC (no produce port)"
 RMQ_CLI = "rmq produce (CLI), lines from a file"
 RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC, RMQ_CLI)
+SEC_B100 = "rmq-spark TLS + token, batch=100"
+SEC_B100X8 = "rmq-spark TLS + token, batch=100 x 8 queues/call"
+SEC_ROWS = (SEC_B100, SEC_B100X8)
+TARGET_SECURE = 0.80
 CLI_VS_BATCHED = "rmq produce (CLI) / batch=100 x 8 queues/call msgs/s"
 TARGET_CLI_SHARE = 0.70
 PORT_VS_GRPC = "8 queues/call: produce port / gRPC msgs/s"
@@ -311,6 +321,36 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
     return sorted(rows, key=lambda r: RMQ_ROWS.index(r.name))
 
 
+def measure_rmq_secure(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    """Rows 2 and 3 on a secured cluster (TLS, --authorize), as a principal allowed
+    only to produce to the topic, with its token; "n/a" rows if it cannot run."""
+    from rmq_spark.client import Client, TlsFiles
+    from storage_service.local import LocalCluster
+    rows: list[Row] = []
+    log.info("starting a secured rmq-spark LocalCluster (TLS, ACLs; 3 nodes, 4 groups)")
+    try:
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-secure"), secure=True) as cluster:
+            ca = TlsFiles(cluster.tls.ca)
+            with Client(cluster.endpoints, tls=ca, token=cluster.token) as admin:
+                admin.create_topic(TOPIC, queues=QUEUES)
+                token = admin.create_principal("bench")["token"]
+                admin.change_acls(True, [dict(principal="bench", resource_type="topic", name=TOPIC,
+                                              operations=["produce"])])
+            with Client(cluster.endpoints, tls=ca, token=token) as client:
+                for name, batch, per_queue in ((SEC_B100, 100, False), (SEC_B100X8, 100, True)):
+                    rate, cpu = rmq_throughput(client, values, batch, per_queue, args.threads,
+                                               args.seconds, args.warmup,
+                                               [p.pid for p in cluster.procs if p])
+                    p50, p99 = percentiles_ms(rmq_latency(client, values, batch, per_queue, args.seconds))
+                    rows.append(Row(name, rate, p50, p99, f"{args.threads} threads; TLS 1.3, "
+                                    "principal with produce on the topic", cpu))
+    except Exception as e:  # the plaintext rows stand; the error is printed
+        log.exception("secured rmq-spark benchmark failed")
+        done = {r.name for r in rows}
+        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in SEC_ROWS if n not in done]
+    return rows
+
+
 def _lines_file(path: str, lines: int) -> None:
     """``lines`` distinct-looking text lines of MSG_SIZE bytes (newline excluded)."""
     pool = [base64.b64encode(os.urandom(MSG_SIZE)).decode()[:MSG_SIZE].encode() + b"\n" for _ in range(1000)]
@@ -530,6 +570,11 @@ def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
                    share, ".2f", lambda v: v >= TARGET_CLI_SHARE))
     checks.append((f"single-message produce p99 <= {TARGET_P99_MS:g} ms",
                    b1.p99_ms, ".2f", lambda v: v <= TARGET_P99_MS))
+    for sec, plain, how in ((SEC_B100, RMQ_B100, "1 queue/call"), (SEC_B100X8, RMQ_B100X8, "8 queues/call")):
+        if sec in by_name:
+            a, b = by_name[sec].msgs_per_s, by_name[plain].msgs_per_s
+            checks.append((f"TLS + token produce ({how}) >= {TARGET_SECURE:.0%} of plaintext",
+                           a / b if a is not None and b else None, ".2f", lambda v: v >= TARGET_SECURE))
     return [{"target": text, "value": value, "shown": _fmt(value, spec),
              "met": None if value is None else bool(ok(value))}
             for text, value, spec, ok in checks]
@@ -546,6 +591,14 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              PORT_VS_GRPC: (b100x8.msgs_per_s, over_grpc.msgs_per_s),
              "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us),
              CLI_VS_BATCHED: (by_name[RMQ_CLI].msgs_per_s, b100x8.msgs_per_s)}
+    if SEC_B100 in by_name:
+        pairs.update({f"{SEC_B100}: msgs/s / plaintext": (by_name[SEC_B100].msgs_per_s, b100.msgs_per_s),
+                      f"{SEC_B100X8}: msgs/s / plaintext (produce port)":
+                          (by_name[SEC_B100X8].msgs_per_s, b100x8.msgs_per_s),
+                      f"{SEC_B100X8}: msgs/s / plaintext over gRPC":
+                          (by_name[SEC_B100X8].msgs_per_s, over_grpc.msgs_per_s),
+                      f"{SEC_B100X8}: CPU per msg / plaintext (produce port)":
+                          (by_name[SEC_B100X8].cpu_us, b100x8.cpu_us)})
     return {k: None if a is None or not b else a / b for k, (a, b) in pairs.items()}
 
 
@@ -580,6 +633,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="bytes per message value (default 1024)")
     p.add_argument("--payload", choices=_peers.PAYLOAD_KINDS, default="random",
                    help="message values (default random: incompressible)")
+    p.add_argument("--secure", action="store_true",
+                   help="also measure batch=100 rows on a cluster with TLS and ACLs, with a token")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of rmq-spark then NATS; the table shows medians "
                         "(default 3; 1 with --quick)")
@@ -608,14 +663,21 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], l
             log.info("round %d of %d", r + 1, args.rounds)
             sub = os.path.join(root, f"round-{r}")
             settle()
+            secure: list[Row] = []
+            if args.secure and r % 2:               # the two clusters' order alternates by round
+                secure = measure_rmq_secure(args, values, sub)
+                settle(os.path.join(sub, "rmq-secure"))
             rows = measure_rmq(args, values, os.path.join(sub, "rmq"), grpc_first=bool(r % 2))
             settle(os.path.join(sub, "rmq"))
+            if args.secure and not r % 2:
+                secure = measure_rmq_secure(args, values, sub)
+                settle(os.path.join(sub, "rmq-secure"))
             if args.skip_nats:
                 rows.append(Row(NATS, note="skipped (--skip-nats)"))
             else:
                 rows.append(measured(NATS, lambda: measure_nats(args, values[0], sub, env)))
             settle(os.path.join(sub, "nats"))
-            rounds.append(rows)
+            rounds.append(rows + secure)
         rows = median_rows(rounds)
         rows.append(measured(CEILING, lambda: measure_ceiling(args, root, fast_wire=False)))
         rows.append(measured(CEILING_FAST, lambda: measure_ceiling(args, root, fast_wire=True)))

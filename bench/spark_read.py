@@ -22,6 +22,11 @@ Spark's ``noop`` sink (every column materialized, nothing written):
    the same schema (one real fetched batch, repeated): what any Python data
    source can reach through Spark's API; the ceiling for (1).
 
+With ``--secure`` a second cluster made by ``LocalCluster(secure=True)`` (TLS
+on every port, ACLs on) holds the same messages, and the rocketmq reads run
+against it too, as a principal with only ``consume`` on the topics, its bearer
+token in the ``token`` option: ``TLS + token`` rows, in the same alternation.
+
 Then end-to-end streaming latency: one message every 20 ms, produce call ->
 visible in a ``foreachBatch`` function, p50/p99.
 
@@ -32,6 +37,7 @@ MB = 10^6 bytes of message values. Progress goes to stderr, the table to stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -53,6 +59,7 @@ QUEUES = 8
 PRODUCE_BATCH = 5000
 TARGET_VS_PARQUET = 0.50
 TARGET_VS_CEILING = 0.70
+TARGET_SECURE = 0.80
 
 
 def compile_sources() -> None:
@@ -156,7 +163,9 @@ def template_batch(client, topic: str) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def measure_size(spark, client, endpoints: str, size: int, count: int, args, root: str) -> dict:
+def measure_size(spark, client, endpoints: str, size: int, count: int, args, root: str,
+                 secure=None) -> dict:
+    """``secure``: (endpoints, admin client, reader options) of the secured cluster."""
     topic = f"read-{size}b"
     client.create_topic(topic, queues=QUEUES)
     log.info("producing %s messages of %d B into %s", f"{count:,}", size, topic)
@@ -165,6 +174,17 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
     reader = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
               .option("maxBytesPerFetch", str(args.fetch_bytes)))
     df, network = reader.load(), reader.option("localReads", "false").load()
+    extra = {}
+    if secure is not None:
+        sec_endpoints, admin, options = secure
+        admin.create_topic(topic, queues=QUEUES)
+        log.info("producing the same into the secured cluster")
+        produce(admin, topic, count, size)
+        assert sum(o.latest for o in admin.offsets(topic)) == rows
+        sec = (spark.read.format("rocketmq").option("endpoints", sec_endpoints).option("topic", topic)
+               .option("maxBytesPerFetch", str(args.fetch_bytes)).options(**options))
+        tls_df, tls_network = sec.load(), sec.option("localReads", "false").load()
+        extra = {"tls": lambda: noop(tls_df), "tls_network": lambda: noop(tls_network)}
     noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
     path = os.path.join(root, f"parquet-{size}")
     network.write.parquet(path)
@@ -173,7 +193,7 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
     mem = spark.read.format("bench_arrow_memory").option("parts", json.dumps(parts)).load()
     log.info("reading %s rows of %d B: rocketmq, rocketmq over the network, parquet, ceiling "
              "in turn", f"{rows:,}", size)
-    rates = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network),
+    rates = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network), **extra,
                        "parquet": lambda: noop(spark.read.parquet(path)),
                        "ceiling": lambda: noop(mem)}, rows, args.repeats)
     return {"size": size, "rows": rows, **rates, **query_cost(spark, reader, noop, size, args)}
@@ -239,8 +259,12 @@ def render(results: list[dict], latency: dict) -> str:
     for r in results:
         for key, name in (("rocketmq", "rocketmq (3-node cluster)"),
                           ("network", "  the same, localReads=false"),
+                          ("tls", "  TLS + token"),
+                          ("tls_network", "  TLS + token, localReads=false"),
                           ("parquet", "spark.read.parquet"),
                           ("ceiling", "Arrow in-memory data source")):
+            if key not in r:
+                continue
             rate, label = r[key], f"{name}, {r['size']} B"
             lines.append(f"{label:<36}{rate:>12,.0f}{rate * r['size'] / 1e6:>9.1f}"
                          f"{rate / r['parquet']:>11.0%} {rate / r['ceiling']:>11.0%}")
@@ -257,6 +281,12 @@ def render(results: list[dict], latency: dict) -> str:
             ratio = r["rocketmq"] / r[key]
             lines.append(f"target: {r['size']} B read >= {target:.0%} of {key}: {ratio:.0%} "
                          f"{'MET' if ratio >= target else 'NOT MET'}")
+        for key, plain in (("tls", "rocketmq"), ("tls_network", "network")):
+            if key in r:
+                ratio = r[key] / r[plain]
+                lines.append(f"target: {r['size']} B read with TLS + token ({plain} path) >= "
+                             f"{TARGET_SECURE:.0%} of plaintext: {ratio:.0%} "
+                             f"{'MET' if ratio >= TARGET_SECURE else 'NOT MET'}")
     return "\n".join(lines)
 
 
@@ -269,6 +299,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--fetch-bytes", type=int, default=8 << 20, help="maxBytesPerFetch")
     p.add_argument("--quick", action="store_true", help="small data, one repeat")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--secure", action="store_true",
+                   help="also read from a cluster with TLS and ACLs, with a token")
     a = p.parse_args(argv)
     if a.quick:
         a.small_rows, a.large_rows, a.repeats, a.latency_seconds = 200_000, 50_000, 1, 5
@@ -283,11 +315,21 @@ def main(argv=None) -> int:
     compile_sources()
     from pyspark.sql import SparkSession
 
-    from rmq_spark.client import Client
+    from rmq_spark.client import Client, TlsFiles
     from storage_service.local import LocalCluster
 
-    with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root:
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root, contextlib.ExitStack() as stack:
         log.info("starting LocalCluster (3 nodes, 4 groups) and Spark local[2]")
+        secure = None
+        if args.secure:
+            log.info("starting a secured LocalCluster (TLS, ACLs; 3 nodes, 4 groups)")
+            sc = stack.enter_context(LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-secure"),
+                                                  secure=True))
+            admin = stack.enter_context(Client(sc.endpoints, tls=TlsFiles(sc.tls.ca), token=sc.token))
+            token = admin.create_principal("bench-reader")["token"]
+            admin.change_acls(True, [dict(principal="bench-reader", resource_type="topic", name="read-",
+                                          prefix=True, operations=["consume"])])
+            secure = (sc.endpoints, admin, {"tlsCaFile": sc.tls.ca, "token": token})
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
@@ -298,7 +340,7 @@ def main(argv=None) -> int:
                      .getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
             try:
-                results = [measure_size(spark, client, cluster.endpoints, size, n, args, root)
+                results = [measure_size(spark, client, cluster.endpoints, size, n, args, root, secure)
                            for size, n in ((100, args.small_rows), (1024, args.large_rows))]
                 log.info("measuring streaming latency for %.0f s", args.latency_seconds)
                 latency = measure_latency(spark, client, cluster.endpoints,

@@ -124,15 +124,18 @@ def _faults(client, cluster: LocalCluster, stop: threading.Event, report: ChaosR
 
 
 def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: int = 6,
-              groups: int = 3, seed: int = 1, log=print) -> ChaosReport:
-    from rmq_spark.client import Client
+              groups: int = 3, seed: int = 1, log=print, secure: bool = False) -> ChaosReport:
+    """``secure``: the cluster runs TLS on every port (the raft port's TLS judged by the
+    same faults) and ACLs; the producers come as the admin, with its token."""
+    from rmq_spark.client import Client, TlsFiles
 
     report, lock, rng = ChaosReport(), threading.Lock(), random.Random(seed)
     cluster = LocalCluster(nodes=3, groups=groups, data_dir=data_dir,
-                           extra_args=["--compaction-entries", "200"])
+                           extra_args=["--compaction-entries", "200"], secure=secure)
     cluster.start(timeout=90)
+    creds = dict(tls=TlsFiles(cluster.tls.ca), token=cluster.token) if secure else {}
     try:
-        with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0) as client:
+        with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0, **creds) as client:
             client.create_topic("chaos", queues=queues)
             stop = threading.Event()
             prods = [Producer(client, "chaos", i, [q for q in range(queues) if q % producers == i % producers
@@ -169,9 +172,10 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
 def main(argv=None) -> int:
     ap = harness_parser("python -m tests.chaos_harness", __doc__)
     ap.add_argument("--producers", type=int, default=4)
+    ap.add_argument("--secure", action="store_true", help="TLS on every port (raft too) and ACLs")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rmq-chaos-") as tmp:
-        rep = run_chaos(a.data_dir or tmp, a.seconds, a.producers, seed=a.seed)
+        rep = run_chaos(a.data_dir or tmp, a.seconds, a.producers, seed=a.seed, secure=a.secure)
     print(rep.summary())
     if a.json:
         print(json.dumps({**rep.__dict__, "ok": rep.ok}, indent=2))

@@ -157,3 +157,44 @@ def test_a_group_opened_while_its_peers_are_connected_counts_them(cluster):
     finally:
         for i, n in enumerate(nodes):
             n.loop.call(late[i].close)
+
+
+def test_a_failed_accept_pauses_the_raft_port_instead_of_closing_it(tmp_path):
+    """pysyncobj closed its listening socket for good on any failed accept (EMFILE: a
+    node short of file descriptors for a moment lost its raft port until restarted).
+    The hub's server pauses accepting and the next ticks take connections again."""
+    import errno
+    import time
+
+    from storage_service.raft.tls_wire import HubServer
+
+    base = free_port_block(2)
+    addrs = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
+    nodes = [_Node(a, addrs, tmp_path / f"n{i}", groups=[0]) for i, a in enumerate(addrs)]
+    try:
+        wait_until(lambda: nodes[0].loop.call(lambda: nodes[0].loop.hub.is_up(addrs[1])), timeout=20,
+                   what="the nodes connected")
+        server = nodes[0].loop.hub._server
+        real = server._TcpServer__socket
+
+        class Failing:              # accept() fails as with no file descriptor left
+            def accept(self):
+                raise OSError(errno.EMFILE, "Too many open files")
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+        def fail_next_accepts():
+            server._TcpServer__socket = Failing()
+        nodes[0].loop.call(fail_next_accepts)
+        # node 1 reconnects: its accept fails on node 0, which pauses accepting
+        nodes[1].loop.call(lambda: [c.conn.disconnect() for c in list(nodes[1].loop.hub._out.values())])
+        wait_until(lambda: server._paused_until is not None, timeout=10, what="a failed accept")
+        nodes[0].loop.call(lambda: setattr(server, "_TcpServer__socket", real))
+        time.sleep(HubServer.PAUSE_S * 2)
+        assert server._TcpServer__fileno is not None          # still bound, listening
+        wait_until(lambda: nodes[0].loop.call(lambda: addrs[1] in nodes[0].loop.hub._in), timeout=20,
+                   what="node 0 accepted node 1 again")
+    finally:
+        for n in nodes:
+            n.stop()

@@ -182,3 +182,39 @@ def test_a_node_with_unusable_tls_files_stops_before_starting_anything(tmp_path,
         assert out.returncode == 2 and "TLS:" in out.stderr, out.stderr
         assert __import__("re").search(text, out.stderr), out.stderr
         assert not data.exists()                       # nothing was started or written
+
+
+def test_a_tls_client_produces_batches_over_the_produce_port(secure):
+    """The client's produce port over TLS (an SSLObject over memory buffers, one reader
+    thread and many senders), with the token in its hello: big and small requests from
+    several threads at once, every one acknowledged and readable, no fallback to gRPC."""
+    import threading
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token) as c:
+        c.create_topic("tls-batches", queues=4)
+        errors: list[BaseException] = []
+
+        def work(t: int) -> None:
+            try:
+                for i in range(20):
+                    size = 300_000 if i % 5 == 0 else 100     # some requests span many TLS records
+                    c.produce_batches([("tls-batches", q, [f"{t}-{i}-{q}".encode().ljust(size, b".")])
+                                       for q in range(4)])
+            except BaseException as e:     # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        assert c._transports and all(t._fallback_until == 0 for t in c._transports)
+        assert sum(o.latest for o in c.offsets("tls-batches")) == 4 * 20 * 4
+        got = set()
+        for q in range(4):
+            offset = 0
+            while offset < 80:
+                records = c.fetch("tls-batches", q, offset).records
+                got |= {bytes(r.value).rstrip(b".") for r in records}
+                offset = records[-1].offset + 1
+        assert got == {f"{t}-{i}-{q}".encode() for t in range(4) for i in range(20) for q in range(4)}

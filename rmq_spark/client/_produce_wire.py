@@ -17,12 +17,21 @@ DEADLINE_EXCEEDED and takes its connection down with it (a stuck or paused
 node): the next request opens a new one. A connection unused for
 ``IDLE_CLOSE`` closes itself, so a Client dropped without ``close()`` does
 not hold nodes' connection slots for ever.
+
+Over TLS (a Client with ``tls``), a connection keeps an ``ssl.SSLObject``
+over memory buffers (``protocol.tls.TlsBuffers``) rather than an ``SSLSocket``: callers send and
+the reader thread receives at the same time, and OpenSSL's SSL object must
+not be used by two threads at once, so every use of it is under one lock and
+the socket carries the bytes it produces. Ciphertext goes out only from the
+senders (which hold the connection's lock, so records leave in the order
+they were made); the reader only decrypts.
 """
 from __future__ import annotations
 
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
@@ -32,6 +41,7 @@ import grpc
 
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.errors import status_code
+from storage_service.protocol.tls import TlsBuffers
 from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES, FrameReader,
                                                      WireProtocolError, check_hello, frame_head, hello)
 
@@ -71,16 +81,21 @@ class _Connection:
     connection closes and fails everything in flight on it.
     """
 
-    def __init__(self, address: str, timeout: float, token: str | None = None):
+    def __init__(self, address: str, timeout: float, token: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         host, port = address.rsplit(":", 1)
         self.address = address
         self._sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self._tls: TlsBuffers | None = None
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ssl_context is not None:
+                self._tls = TlsBuffers(ssl_context, host=host)
+                self._tls.handshake(self._sock)
             # A node refusing the token answers an error frame instead of its hello: this
             # transport then falls back to gRPC, which names the reason (UNAUTHENTICATED).
-            self._sock.sendall(hello(token))
-            check_hello(_recv_hello(self._sock))
+            self._send_blocking(hello(token))
+            check_hello(self._recv_hello())
             self._sock.setblocking(False)
         except BaseException:
             self._sock.close()
@@ -111,8 +126,24 @@ class _Connection:
         _fail(failed, grpc.StatusCode.UNAVAILABLE, f"send to {self.address} failed: {error}")
         raise error
 
+    def _send_blocking(self, data: bytes) -> None:
+        self._sock.sendall(self._tls.encrypt(data) if self._tls else data)
+
+    def _recv_hello(self) -> bytes:
+        """The node's hello (the socket still blocks, with the connect timeout)."""
+        data = self._tls.decrypt(b"") if self._tls else b""     # (came with the handshake)
+        while len(data) < HELLO.size:
+            chunk = self._sock.recv(HELLO.size - len(data) if self._tls is None else 1 << 14)
+            if not chunk:
+                raise WireProtocolError(f"connection closed after {len(data)} bytes of the hello")
+            data += self._tls.decrypt(chunk) if self._tls else chunk
+        return data
+
     def _send(self, head: bytes, body: bytes, deadline: float) -> None:
-        parts = [memoryview(head), memoryview(body)]
+        if self._tls is not None:
+            parts = [memoryview(self._tls.encrypt(head, body))]
+        else:
+            parts = [memoryview(head), memoryview(body)]
         poller = select.poll()
         poller.register(self._sock, select.POLLOUT)
         while parts:
@@ -153,6 +184,8 @@ class _Connection:
                         chunk = None
                     if chunk == b"":
                         raise WireProtocolError("closed by the node")
+                    if chunk and self._tls is not None:
+                        chunk = self._tls.decrypt(chunk)
                     for f in frames.feed(chunk or b""):
                         self._answer(f.request_id, f.code, f.body)
                 if self._expired():
@@ -215,17 +248,6 @@ class _Connection:
         self._close(grpc.StatusCode.CANCELLED, "client closed")
 
 
-def _recv_hello(sock: socket.socket) -> bytes:
-    """The node's hello (the socket still blocks, with the connect timeout)."""
-    data = b""
-    while len(data) < HELLO.size:
-        chunk = sock.recv(HELLO.size - len(data))
-        if not chunk:
-            raise WireProtocolError(f"connection closed after {len(data)} bytes of the hello")
-        data += chunk
-    return data
-
-
 def _fail(futures: list[Future], code: grpc.StatusCode, why: str) -> None:
     for fut in futures:
         fut.set_exception(WireCallError(code, why))
@@ -235,9 +257,10 @@ class ProduceTransport:
     """``ProduceBatches`` to one node over its produce port, else over gRPC."""
 
     def __init__(self, address: str, fallback: Callable[..., grpc.Future], max_connections: int = 2,
-                 token: str | None = None):
+                 token: str | None = None, ssl_context: ssl.SSLContext | None = None):
         self.address = address
         self._token = token
+        self._ssl = ssl_context
         self._fallback = fallback
         self.max_connections = max_connections
         self._lock = threading.Lock()
@@ -284,7 +307,8 @@ class ProduceTransport:
                 return conn
             self._opening += 1
         try:
-            conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)), self._token)
+            conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)), self._token,
+                               self._ssl)
         finally:
             with self._lock:
                 self._opening -= 1

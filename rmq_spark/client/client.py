@@ -26,7 +26,7 @@ from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
 from storage_service.protocol.localread import host_id, read_span
 from storage_service.protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, produce_address
-from storage_service.protocol.tls import TlsFiles, channel_credentials
+from storage_service.protocol.tls import TlsFiles, channel_credentials, client_context
 
 from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb, topic_config
 from ._produce_sender import ProduceSender
@@ -65,15 +65,15 @@ class Client(SecurityCalls):
         ports (``storage_service.server.produce_port``; ~12% less CPU per message than
         gRPC in the produce benchmark), falling back to gRPC for a node that
         does not serve one. ``tls``: the cluster's CA (and a client certificate, for
-        nodes that require one); every call then goes over TLS, produce too (over
-        gRPC: the produce port's client has no TLS yet). ``token``: a bearer token
+        nodes that require one); every call then goes over TLS, the produce port's too. ``token``: a bearer token
         (``rmq principal create``), sent with every call and in the produce port's hello."""
         self.endpoints = parse_endpoints(endpoints)
         self.tls = tls
         self.token = token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._credentials = None if tls is None else channel_credentials(tls)
-        self.produce_port = produce_port and tls is None
+        self._ssl = None if tls is None else client_context(tls)
+        self.produce_port = produce_port
         self._transports: list[ProduceTransport] = []
         self._closed = False
         self.timeout = timeout
@@ -115,7 +115,8 @@ class Client(SecurityCalls):
             sender = self._senders.get(address)
         if sender is None:
             grpc_call = functools.partial(self._stub(address).ProduceBatches.future, metadata=self._metadata)
-            transport = (ProduceTransport(produce_address(address), fallback=grpc_call, token=self.token)
+            transport = (ProduceTransport(produce_address(address), fallback=grpc_call, token=self.token,
+                                          ssl_context=self._ssl)
                          if self.produce_port and not self._closed else None)
             with self._lock:
                 sender = self._senders.get(address)

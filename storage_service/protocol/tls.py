@@ -8,10 +8,12 @@ the address they are reached at (IP or DNS in the subject alternative names).
 """
 from __future__ import annotations
 
+import socket
 import ssl
+import threading
 from dataclasses import dataclass
 
-__all__ = ["TlsFiles", "common_name", "channel_credentials", "client_context", "server_context", "server_credentials"]
+__all__ = ["TlsBuffers", "TlsSocket", "TlsFiles", "common_name", "channel_credentials", "client_context", "server_context", "server_credentials"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +79,131 @@ def common_name(cert: dict | None) -> str | None:
             if key == "commonName":
                 return value
     return None
+
+
+class TlsBuffers:
+    """TLS of one connection as an ``SSLObject`` over memory buffers: the socket moves
+    ciphertext in big reads, this turns it into plaintext and back.
+
+    An ``SSLSocket`` reads one TLS record (16 KiB at most) per call, with two
+    ``recv`` syscalls each (header, body) and a poll when it has a timeout: a
+    1 MiB produce request cost ~130 syscalls to read. Here one ``recv`` of up to
+    256 KiB feeds every record in it. It also lets two threads share a
+    connection (one receiving, others sending: the client's produce port),
+    which OpenSSL's SSL object allows only if its every use is under one lock,
+    as here. Ciphertext must leave in the order ``encrypt`` made it.
+    """
+
+    def __init__(self, context: ssl.SSLContext, server_side: bool = False, host: str | None = None):
+        self._in, self._out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._obj = context.wrap_bio(self._in, self._out, server_side=server_side,
+                                     server_hostname=None if server_side else host)
+        self._lock = threading.Lock()
+
+    def handshake(self, sock: socket.socket) -> None:
+        """The handshake over a blocking socket (its timeout bounds each wait)."""
+        while not self.step():
+            if self._out.pending:
+                sock.sendall(self._out.read())
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionError("the peer closed the connection during the TLS handshake")
+            self.feed(data)
+        if self._out.pending:
+            sock.sendall(self._out.read())
+
+    def step(self) -> bool:
+        """One handshake step with what has been fed: True once it is done (what it
+        wants sent is in ``output()``); ssl.SSLError if the peer is refused."""
+        with self._lock:
+            try:
+                self._obj.do_handshake()
+                return True
+            except ssl.SSLWantReadError:
+                return False
+
+    def feed(self, data) -> None:
+        """Ciphertext read from the socket, kept until decrypted or handshaken."""
+        with self._lock:
+            self._in.write(data)
+
+    def output(self) -> bytes:
+        """Ciphertext waiting to be sent."""
+        with self._lock:
+            return self._out.read()
+
+    def getpeercert(self) -> dict | None:
+        return self._obj.getpeercert()
+
+    def encrypt(self, *parts) -> bytes:
+        """The records of ``parts`` (and anything TLS had waiting to go out), in order."""
+        with self._lock:
+            for p in parts:
+                if len(p):
+                    self._obj.write(p)
+            return self._out.read()
+
+    def decrypt(self, data) -> bytes:
+        """Plaintext of ``data`` and whatever was buffered before it (b"" until a
+        record is whole); ConnectionError once the peer closed the session."""
+        out = bytearray()
+        with self._lock:
+            self._in.write(data)
+            while True:
+                try:
+                    chunk = self._obj.read(1 << 17)
+                except ssl.SSLWantReadError:
+                    break
+                except ssl.SSLZeroReturnError:
+                    raise ConnectionError("the peer closed the TLS session") from None
+                if not chunk:
+                    break
+                out += chunk
+        return bytes(out)
+
+
+class TlsSocket:
+    """A blocking socket's TLS (``TlsBuffers``) with the calls a one-thread server
+    makes of a socket: ``recv_into``, ``sendall``, ``sendmsg``, ``getpeercert``."""
+    RAW = 256 << 10
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext):
+        self.sock = sock
+        self.tls = TlsBuffers(context, server_side=True)
+        self.tls.handshake(sock)
+        # what came with the handshake's last read (the peer's first bytes) waits in TLS
+        self._plain = memoryview(self.tls.decrypt(b""))
+        self._raw = bytearray(self.RAW)
+
+    def recv_into(self, buf) -> int:
+        while not self._plain:
+            n = self.sock.recv_into(self._raw)
+            if not n:
+                return 0
+            self._plain = memoryview(self.tls.decrypt(memoryview(self._raw)[:n]))
+        n = min(len(buf), len(self._plain))
+        buf[:n] = self._plain[:n]
+        self._plain = self._plain[n:]
+        return n
+
+    def sendall(self, data) -> None:
+        self.sock.sendall(self.tls.encrypt(data))
+
+    def sendmsg(self, parts) -> int:
+        self.sock.sendall(self.tls.encrypt(*parts))
+        return sum(len(p) for p in parts)
+
+    def getpeercert(self) -> dict | None:
+        return self.tls.getpeercert()
+
+    def settimeout(self, t) -> None:
+        self.sock.settimeout(t)
+
+    def getpeername(self):
+        return self.sock.getpeername()
+
+    def shutdown(self, how) -> None:
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        self.sock.close()

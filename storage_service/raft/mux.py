@@ -149,8 +149,10 @@ class RaftHub:
         return c.conn.state != CONNECTION_STATE.DISCONNECTED
 
     def tick(self) -> None:
-        """Connect to wanted peers, drop stuck connects, send keep-alives (loop thread)."""
+        """Connect to wanted peers, drop stuck connects, send keep-alives, accept again
+        after a failed accept (loop thread)."""
         now = monotonic_time()
+        self._server.resume_if_paused(now)
         for peer in list(self._wanted):
             c = self._out.get(peer)
             if c is not None and c.conn.state == CONNECTION_STATE.CONNECTING and \

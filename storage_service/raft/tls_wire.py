@@ -8,15 +8,14 @@ node (``RaftTls.check``: its subject's common name is one of the node
 names); a connection that fails either is closed before a frame is read.
 
 ``TlsTcpConnection`` is ``FastTcpConnection`` with a non-blocking handshake
-in front: an outgoing connection wraps its socket once TCP connects and
-counts as connected (pysyncobj's ``onConnected``) only after the handshake
-and the peer check; an accepted one handshakes before its first frame is
-parsed. The handshake is bounded by the connection's timeout (the hub drops
-a connect or an accepted connection that has not said who it is by then).
-TLS has no ``sendmsg``: frames go out through the write buffer, at most
-``CHUNK`` bytes a write. A read drains the TLS layer until it wants more
-from the socket, so no decrypted bytes wait inside it for a poll that never
-comes.
+in front: an outgoing connection starts it once TCP connects and counts as
+connected (pysyncobj's ``onConnected``) only after the handshake and the
+peer check; an accepted one handshakes before its first frame is parsed.
+The handshake is bounded by the connection's timeout (the hub drops a
+connect or an accepted connection that has not said who it is by then).
+TLS runs over memory buffers (``protocol.tls.TlsBuffers``), the socket
+stays plain: ciphertext goes out through the plain write path, a read
+decrypts everything the kernel had.
 """
 from __future__ import annotations
 
@@ -24,21 +23,20 @@ import logging
 import pickle
 import socket
 import ssl
+import time
 from dataclasses import dataclass, field
 
 import pysyncobj.tcp_connection as tc
 from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_server import TcpServer
 
-from ..protocol.tls import TlsFiles, client_context, common_name, server_context
+from ..protocol.tls import TlsBuffers, TlsFiles, client_context, common_name, server_context
 from .transport import _LEN, FastTcpConnection
 
 __all__ = ["HubServer", "RaftTls", "TlsTcpConnection", "common_name"]
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 << 10
-_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _READ = POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR
 _READ_WRITE = _READ | POLL_EVENT_TYPE.WRITE
 
@@ -80,28 +78,32 @@ def own_common_name(files: TlsFiles) -> str:
 
 
 class TlsTcpConnection(FastTcpConnection):
-    """A raft connection over TLS (see the module's doc)."""
+    """A raft connection over TLS (see the module's doc).
+
+    The socket stays a plain non-blocking socket; TLS is a ``TlsBuffers`` (an
+    ``SSLObject`` over memory buffers) between it and the frames: a read takes
+    what the kernel has (up to the receive buffer, many records at once) and
+    decrypts it from memory, a frame is encrypted into ciphertext that goes out
+    through ``FastTcpConnection``'s plain write path. (An ``SSLSocket`` read one
+    16 KiB record per call with two ``recv`` syscalls each.)
+    """
 
     def __init__(self, *args, tls: RaftTls, **kwargs):
         self._tls = tls
+        self._buffers: TlsBuffers | None = None
         self._shaking = False
         self._host: str | None = None
+        self._early: list[bytes] = []            # frames queued before the handshake finished
+        self.peer_name: str | None = None
         super().__init__(*args, **kwargs)
-        sock = self._TcpConnection__socket
-        if sock is not None:                     # accepted: handshake before the first frame
-            self._TcpConnection__socket = tls.server.wrap_socket(
-                sock, server_side=True, do_handshake_on_connect=False)
+        if self._TcpConnection__socket is not None:     # accepted: handshake before the first frame
+            self._buffers = TlsBuffers(tls.server, server_side=True)
             self._shaking = True
 
     def connect(self, host, port):
-        self._host = host
-        self._shaking = True
+        self._host, self._buffers, self._shaking, self.peer_name = host, None, True, None
+        self._early = []
         return super().connect(host, port)
-
-    @property
-    def peer_name(self) -> str | None:
-        sock = self._TcpConnection__socket
-        return common_name(sock.getpeercert()) if isinstance(sock, ssl.SSLSocket) and not self._shaking else None
 
     def _TcpConnection__processConnection(self, descr, eventType):
         if not self._shaking:
@@ -117,85 +119,122 @@ class TlsTcpConnection(FastTcpConnection):
         if self.state == tc.CONNECTION_STATE.DISCONNECTED:
             return
         sock = self._TcpConnection__socket
-        if not isinstance(sock, ssl.SSLSocket):  # outgoing: TCP connected (or failed)
+        if self._buffers is None:                # outgoing: TCP connected (or failed)
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                 self.disconnect()
                 return
-            sock = self._TcpConnection__socket = self._tls.client.wrap_socket(
-                sock, server_side=False, do_handshake_on_connect=False, server_hostname=self._host)
+            self._buffers = TlsBuffers(self._tls.client, host=self._host)
+        if eventType & POLL_EVENT_TYPE.READ:
+            try:
+                data = sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                self.disconnect()
+                return
+            if data == b"":
+                self.disconnect()
+                return
+            if data:
+                self._buffers.feed(data)
         try:
-            sock.do_handshake()
-        except ssl.SSLWantReadError:
-            poller.subscribe(descr, self._TcpConnection__processConnection, _READ)
-            return
-        except ssl.SSLWantWriteError:
-            poller.subscribe(descr, self._TcpConnection__processConnection, _READ_WRITE)
-            return
+            done = self._buffers.step()
         except (ssl.SSLError, OSError) as e:
             log.warning("raft port: TLS handshake with %s failed: %s", _peer(sock), e)
             self.disconnect()
             return
-        problem = self._tls.check(sock.getpeercert())
+        self._queue_raw(self._buffers.output())
+        if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+            return
+        if not done:
+            _, wbuf = self._bufs()
+            poller.subscribe(descr, self._TcpConnection__processConnection, _READ_WRITE if wbuf else _READ)
+            return
+        cert = self._buffers.getpeercert()
+        problem = self._tls.check(cert)
         if problem is not None:
             log.warning("raft port: refusing %s: %s", _peer(sock), problem)
             self.disconnect()
             return
-        self._shaking = False
-        # outgoing: pysyncobj's connected path (onConnected, state CONNECTED); accepted:
-        # read what came with the handshake and wait for frames
+        self._shaking, self.peer_name = False, common_name(cert)
+        early, self._early = self._early, []
+        for frame in early:
+            self._queue_raw(self._buffers.encrypt(frame))
+        # outgoing: pysyncobj's connected path (onConnected: the hub's hello; state
+        # CONNECTED); then frames that came with the handshake's last read
         super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.READ)
+        if self.state != tc.CONNECTION_STATE.DISCONNECTED:
+            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
         if self.state != tc.CONNECTION_STATE.DISCONNECTED:
             _, wbuf = self._bufs()
             poller.subscribe(descr, self._TcpConnection__processConnection, _READ_WRITE if wbuf else _READ)
 
+    def _queue_raw(self, data: bytes) -> None:
+        """Ciphertext out, in the order it was made: straight to the socket when nothing
+        waits before it, the rest behind the write buffer."""
+        if not data:
+            return
+        _, wbuf = self._bufs()
+        if not wbuf and self.state != tc.CONNECTION_STATE.DISCONNECTED:
+            try:
+                sent = self._TcpConnection__socket.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.disconnect()
+                return
+            if sent == len(data):
+                return
+            data = memoryview(data)[sent:]
+        wbuf += data
+
     def send(self, message):
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        _, wbuf = self._bufs()
-        wbuf += _LEN.pack(len(data))
-        wbuf += data
-        if self._shaking:                        # goes out once the handshake is done
+        frame = _LEN.pack(len(data)) + data if len(data) < 4096 else None
+        if self._shaking or self._buffers is None:
+            self._early.append(frame or _LEN.pack(len(data)) + data)
             return
-        self._TcpConnection__trySendBuffer()
+        # read-timeout check on every send, as pysyncobj's connection does
+        self._TcpConnection__processConnectionTimeout()
+        if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+            return
+        self._queue_raw(self._buffers.encrypt(frame) if frame else
+                        self._buffers.encrypt(_LEN.pack(len(data)), data))
+        _, wbuf = self._bufs()
         if wbuf and self.state == tc.CONNECTION_STATE.CONNECTED:
             self._TcpConnection__poller.subscribe(
                 self._TcpConnection__fileno, self._TcpConnection__processConnection, _READ_WRITE)
 
     def _TcpConnection__processSend(self):
-        _, wbuf = self._bufs()
-        if not wbuf or self._shaking:
+        if self._shaking:
             return False
-        try:
-            # TLS retries a write it could not finish with the same bytes: the
-            # buffer only grows at its end, so its first CHUNK stays what it was
-            res = self._TcpConnection__socket.send(wbuf[:CHUNK])
-        except _WANT:
-            return False
-        except OSError:
-            self.disconnect()
-            return False
-        if res <= 0:
-            return False
-        del wbuf[:res]
-        return True
+        return super()._TcpConnection__processSend()
 
     def _TcpConnection__processRead(self):
         if self._shaking:
             return False
+        rbuf, _ = self._bufs()
         chunk = getattr(self, "_chunk", None)
         if chunk is None:
             chunk = self._chunk = memoryview(bytearray(self._TcpConnection__recvBufferSize))
         try:
             n = self._TcpConnection__socket.recv_into(chunk)
-        except _WANT:
+        except (BlockingIOError, InterruptedError):
+            plain = self._buffers.decrypt(b"")    # records fed during the handshake
+            rbuf += plain
             return False
-        except OSError:                          # SSLError, SSLZeroReturnError, reset
+        except OSError:
             self.disconnect()
             return False
         if not n:
             self.disconnect()
             return False
-        rbuf, _ = self._bufs()
-        rbuf += chunk[:n]
+        try:
+            rbuf += self._buffers.decrypt(chunk[:n])
+        except (ssl.SSLError, ConnectionError) as e:
+            log.warning("raft port: TLS from %s: %s; closing", _peer(self._TcpConnection__socket), e)
+            self.disconnect()
+            return False
         return True
 
 
@@ -208,12 +247,27 @@ def _peer(sock) -> str:
 
 
 class HubServer(TcpServer):
-    """pysyncobj's server, making the hub's connections (TLS ones when ``tls`` is given)."""
+    """pysyncobj's server, making the hub's connections (TLS ones when ``tls`` is given).
+
+    pysyncobj closed its listening socket for good on any failed accept: a node
+    out of file descriptors for a moment (EMFILE) lost its raft port until
+    restarted. Here a failed accept pauses accepting for ``PAUSE_S`` (the
+    pending connection stays in the backlog, and a level-triggered poll would
+    otherwise spin on it); the hub's tick resumes it."""
+    PAUSE_S = 0.5
 
     def __init__(self, poller, host, port, onNewConnection, tls: RaftTls | None, **kwargs):
         super().__init__(poller, host, port, onNewConnection, **kwargs)
         self._tls = tls
         self._kwargs = kwargs
+        self._paused_until: float | None = None
+
+    def resume_if_paused(self, now: float) -> None:
+        if self._paused_until is not None and now >= self._paused_until \
+                and self._TcpServer__fileno is not None:
+            self._paused_until = None
+            self._TcpServer__poller.subscribe(self._TcpServer__fileno, self._TcpServer__onNewConnection,
+                                              POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
     def _TcpServer__onNewConnection(self, descr, event):
         if event & POLL_EVENT_TYPE.READ:
@@ -221,7 +275,9 @@ class HubServer(TcpServer):
                 sock, _ = self._TcpServer__socket.accept()
             except OSError as e:
                 if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
-                    self.unbind()
+                    log.warning("raft port: accept failed (%s); accepting again in %g s", e, self.PAUSE_S)
+                    self._paused_until = time.monotonic() + self.PAUSE_S
+                    self._TcpServer__poller.unsubscribe(descr)
                 return
             send, recv = self._kwargs.get("sendBufferSize"), self._kwargs.get("recvBufferSize")
             if send:
@@ -235,7 +291,9 @@ class HubServer(TcpServer):
                                    sendBufferSize=send or 2 ** 13, recvBufferSize=recv or 2 ** 13)
             self._TcpServer__onNewConnectionCallback(conn)
         if event & POLL_EVENT_TYPE.ERROR:
-            self.unbind()
+            log.warning("raft port: an error on the listening socket; accepting again in %g s", self.PAUSE_S)
+            self._paused_until = time.monotonic() + self.PAUSE_S
+            self._TcpServer__poller.unsubscribe(descr)
 
 
 def make_connection(poller, tls: RaftTls | None, **kwargs) -> FastTcpConnection:

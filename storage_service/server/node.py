@@ -25,13 +25,13 @@ from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, group_of, grpc_address, raft_address
 from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
+from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..raft.tls_wire import RaftTls, own_common_name
 from ..security.tokens import TokenKeys
-from .authz import Gate, SecurityConfig
-from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
+from .authz import Gate, SecurityConfig
 from .controller import Controller
 from .errors import NodeFull, NotLeader, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join

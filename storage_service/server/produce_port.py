@@ -32,7 +32,7 @@ from ..proto import rmq_pb2
 from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_PRODUCE_BATCHES, TOKEN_LEN,
                                        FrameReader, PeerClosed, WireProtocolError, check_hello, error_frame,
                                        frame_head, hello)
-from ..protocol.tls import common_name
+from ..protocol.tls import TlsSocket, common_name
 from .errors import ServiceError
 
 __all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "ProduceWireServer", "recv_exact", "send_frame"]
@@ -66,7 +66,7 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 def send_frame(sock: socket.socket, request_id: int, code: int, body: bytes) -> None:
     """One frame, header and body in one ``sendmsg`` (no concatenation of a big body)."""
     head = frame_head(request_id, code, len(body))
-    if isinstance(sock, ssl.SSLSocket):     # no sendmsg on TLS: two records
+    if isinstance(sock, ssl.SSLSocket):     # no sendmsg on an SSLSocket: two records
         sock.sendall(head)
         sock.sendall(body)
         return
@@ -136,11 +136,8 @@ class ProduceWireServer:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             if self._ssl is not None:
                 conn.settimeout(HANDSHAKE_SECONDS)
-                conn = self._ssl.wrap_socket(conn, server_side=True)
+                conn = TlsSocket(conn, self._ssl)     # big raw reads, records decrypted from memory
                 conn.settimeout(IDLE_SECONDS)
-                with self._lock:             # stop() shuts down the socket in use now
-                    self._conns.discard(plain)
-                    self._conns.add(conn)
             flags = check_hello(recv_exact(conn, HELLO.size))
             token = None
             if flags & FLAG_TOKEN:
@@ -150,7 +147,7 @@ class ProduceWireServer:
                 token = "Bearer " + bytes(recv_exact(conn, n)).decode("utf-8", "replace")
             credentials = None
             if self._gate is not None:
-                cert = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
+                cert = conn.getpeercert() if isinstance(conn, TlsSocket) else None
                 credentials = (token, common_name(cert))
                 try:                         # a bad token: refused before the node's hello
                     self._gate.principal(*credentials)
@@ -181,7 +178,6 @@ class ProduceWireServer:
         finally:
             with self._lock:
                 self._conns.discard(plain)
-                self._conns.discard(conn)
             conn.close()
 
     def _answer(self, method: int, body: bytearray, credentials=None) -> tuple[int, bytes]:
