@@ -236,6 +236,10 @@ def test_the_cli_makes_principals_and_acls(cluster, admin, tmp_path):
                                                            operations=["consume", "describe"])]
     ok = run("topic", "describe", "orders", RMQ_TOKEN_FILE=str(tmp_path / "frank.token"))
     assert ok.returncode == 0, ok.stderr
+    removed = run("acl", "remove", "frank", "--topic", "orders", "--allow", "describe,consume")
+    assert removed.returncode == 0 and "no longer allowed" in removed.stdout, removed.stderr
+    again = run("topic", "describe", "orders", RMQ_TOKEN_FILE=str(tmp_path / "frank.token"))
+    assert again.returncode == 1 and "may not describe topic 'orders'" in again.stderr
     bad = run("acl", "add", "frank", "--topic", "orders", "--allow", "write")
     assert bad.returncode == 1 and "allowed produce, consume, describe, alter" in bad.stderr
     both = run("principal", "whoami", RMQ_TOKEN=token)          # token and token file: refused

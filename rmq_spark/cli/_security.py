@@ -38,7 +38,8 @@ def add_parsers(sub) -> None:
         what.add_argument("--cluster", action="store_true", help="the cluster (status, principals, ACLs, "
                                                                 "replica moves)")
         a.add_argument("--prefix", action="store_true", help="--topic/--group is a prefix of names")
-        a.add_argument("--allow" if name == "add" else "--deny", dest="ops", required=True, help=OPS_HELP)
+        a.add_argument("--allow", dest="ops", required=True,
+                       help=OPS_HELP + ("" if name == "add" else " (those to stop allowing)"))
     ls = acs.add_parser("list", help="the ACLs")
     ls.add_argument("--principal", default="", help="only this principal's")
     ls.add_argument("--json", action="store_true")

@@ -147,8 +147,15 @@ class TlsBuffers:
         """Plaintext of ``data`` and whatever was buffered before it (b"" until a
         record is whole); ConnectionError once the peer closed the session."""
         out = bytearray()
+        self.decrypt_into(data, out)
+        return bytes(out)
+
+    def decrypt_into(self, data, out: bytearray) -> int:
+        """``decrypt``, appended to ``out``; the bytes appended."""
+        n = 0
         with self._lock:
-            self._in.write(data)
+            if len(data):
+                self._in.write(data)
             while True:
                 try:
                     chunk = self._obj.read(1 << 17)
@@ -159,7 +166,18 @@ class TlsBuffers:
                 if not chunk:
                     break
                 out += chunk
-        return bytes(out)
+                n += len(chunk)
+        return n
+
+    def read_into(self, buf) -> int:
+        """Plaintext straight into ``buf`` (one record at most); 0 until one is whole."""
+        with self._lock:
+            try:
+                return self._obj.read(len(buf), buf)
+            except ssl.SSLWantReadError:
+                return 0
+            except ssl.SSLZeroReturnError:
+                raise ConnectionError("the peer closed the TLS session") from None
 
 
 class TlsSocket:
@@ -171,20 +189,22 @@ class TlsSocket:
         self.sock = sock
         self.tls = TlsBuffers(context, server_side=True)
         self.tls.handshake(sock)
-        # what came with the handshake's last read (the peer's first bytes) waits in TLS
-        self._plain = memoryview(self.tls.decrypt(b""))
         self._raw = bytearray(self.RAW)
 
     def recv_into(self, buf) -> int:
-        while not self._plain:
-            n = self.sock.recv_into(self._raw)
-            if not n:
+        """Decrypted straight into ``buf``; what came with the handshake's last read
+        (the peer's first bytes) is in TLS's buffer already."""
+        if not len(buf):
+            return 0
+        while True:
+            n = self.tls.read_into(buf)
+            if n:
+                return n
+            got = self.sock.recv_into(self._raw)
+            if not got:
                 return 0
-            self._plain = memoryview(self.tls.decrypt(memoryview(self._raw)[:n]))
-        n = min(len(buf), len(self._plain))
-        buf[:n] = self._plain[:n]
-        self._plain = self._plain[n:]
-        return n
+            with memoryview(self._raw) as raw:
+                self.tls.feed(raw[:got])
 
     def sendall(self, data) -> None:
         self.sock.sendall(self.tls.encrypt(data))

@@ -220,8 +220,7 @@ class TlsTcpConnection(FastTcpConnection):
         try:
             n = self._TcpConnection__socket.recv_into(chunk)
         except (BlockingIOError, InterruptedError):
-            plain = self._buffers.decrypt(b"")    # records fed during the handshake
-            rbuf += plain
+            self._buffers.decrypt_into(b"", rbuf)    # records fed during the handshake
             return False
         except OSError:
             self.disconnect()
@@ -230,7 +229,7 @@ class TlsTcpConnection(FastTcpConnection):
             self.disconnect()
             return False
         try:
-            rbuf += self._buffers.decrypt(chunk[:n])
+            self._buffers.decrypt_into(chunk[:n], rbuf)
         except (ssl.SSLError, ConnectionError) as e:
             log.warning("raft port: TLS from %s: %s; closing", _peer(self._TcpConnection__socket), e)
             self.disconnect()
