@@ -21,7 +21,6 @@ the topic's ``tier`` lease while it runs (``_lease``).
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from typing import Callable

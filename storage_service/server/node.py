@@ -26,16 +26,16 @@ from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, grou
 from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
 from ..raft.groupcommit import CommitFailed, GroupCommitter
-from ..raft.tls_wire import RaftTls, own_common_name
-from ..security.tokens import TokenKeys
+from ..raft.tls_wire import RaftTls
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
-from .authz import Gate, SecurityConfig
+from .authz import Gate
 from .controller import Controller
 from .errors import NodeFull, NotLeader, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
+from .meta_sync import MetaSync, security_config
 from .repair import Repair
 from .replicas import ReplicaSet
 from .upkeep import Upkeep
@@ -98,16 +98,7 @@ class NodeConfig:
         return self.addresses[self.node_id]
 
 
-def security_config(config: NodeConfig) -> SecurityConfig:
-    names = frozenset(config.node_names) or (
-        frozenset({own_common_name(config.tls)}) if config.tls is not None else frozenset())
-    return SecurityConfig(
-        authorize=config.authorize, tls=config.tls is not None,
-        token_keys=TokenKeys.from_file(config.token_secret_file) if config.token_secret_file else None,
-        superusers=frozenset(config.superusers), node_names=names)
-
-
-class StorageNode(ReplicaSet, Upkeep, Repair):
+class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
     def __init__(self, config: NodeConfig):
         """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
@@ -418,63 +409,6 @@ class StorageNode(ReplicaSet, Upkeep, Repair):
                                "(outcome unknown; retry with the same producer id and sequence)") from None
         except CommitFailed as e:
             raise NotLeader(g, self.leader_of(g)) from e
-
-    def meta_sync(self, timeout: float = 2.0) -> None:
-        """Wait until this node has applied what the metadata leader had committed when
-        asked (a no-op on the leader): an ACL or principal made there a moment ago then
-        holds here too (``authz.Gate`` calls this before denying). A sync that started
-        after this call was made covers it; after a failed one (leader unreachable) none
-        is tried for a second, so denials never queue up behind a dead leader."""
-        raft = self.groups.get(META_GROUP)
-        if raft is None or raft.is_leader:
-            return
-        asked = time.monotonic()
-        with self._meta_sync_lock:
-            if self._meta_synced >= asked or asked - self._meta_sync_failed < 1.0:
-                return
-        leader = self.leader_of(META_GROUP)
-        if not leader or leader == self.config.address:
-            return
-        started = time.monotonic()
-        try:
-            commit = self.stub(leader).GroupInfo(rmq_pb2.GroupInfoRequest(group=META_GROUP),
-                                                 timeout=timeout).commit_index
-        except grpc.RpcError:
-            with self._meta_sync_lock:
-                self._meta_sync_failed = time.monotonic()
-            return
-        deadline = time.monotonic() + timeout
-        while raft.raftLastApplied < commit and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if raft.raftLastApplied >= commit:
-            with self._meta_sync_lock:
-                self._meta_synced = max(self._meta_synced, started)
-
-    def await_meta_applied(self, timeout: float = 3.0) -> list[str]:
-        """On the metadata leader, after a change it applied: wait until every node of
-        the metadata group applied as far (a revoked ACL or token then holds on every
-        node at once); the nodes that did not confirm within ``timeout`` (down, cut
-        off: they apply it when they are back)."""
-        target = self.groups[META_GROUP].raftLastApplied
-        pending = [a for a in self.replicas_of(META_GROUP) if a != self.config.address]
-        deadline = time.monotonic() + timeout
-        while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            behind = []
-            for a in pending:
-                try:
-                    st = self.stub(a).GetNodeStatus(rmq_pb2.NodeStatusRequest(), timeout=min(1.0, left))
-                    applied = next((g.applied_index for g in st.groups if g.group == META_GROUP), -1)
-                except grpc.RpcError:
-                    applied = -1
-                if applied < target:
-                    behind.append(a)
-            pending = behind
-            if pending:
-                time.sleep(0.02)
-        return pending
 
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
