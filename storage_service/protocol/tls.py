@@ -196,15 +196,23 @@ class TlsSocket:
         (the peer's first bytes) is in TLS's buffer already."""
         if not len(buf):
             return 0
-        while True:
-            n = self.tls.read_into(buf)
-            if n:
-                return n
-            got = self.sock.recv_into(self._raw)
-            if not got:
-                return 0
-            with memoryview(self._raw) as raw:
-                self.tls.feed(raw[:got])
+        with memoryview(buf) as view:
+            filled = 0
+            while True:
+                # every whole record TLS holds, one call for the caller (a record is 16 KiB
+                # at most; a produce request is up to megabytes)
+                while filled < len(view):
+                    n = self.tls.read_into(view[filled:])
+                    if not n:
+                        break
+                    filled += n
+                if filled:
+                    return filled
+                got = self.sock.recv_into(self._raw)
+                if not got:
+                    return 0
+                with memoryview(self._raw) as raw:
+                    self.tls.feed(raw[:got])
 
     def sendall(self, data) -> None:
         self.sock.sendall(self.tls.encrypt(data))
