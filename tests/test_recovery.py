@@ -101,7 +101,8 @@ def test_wiped_node_rebuilds_a_compacted_queue_with_its_gaps(rcluster):
         for round_ in range(15):
             c.produce("wipe-compact", [Message(key=b"k%d" % k, value=b"%d" % round_ * 1024) for k in range(30)],
                       queue=0)
-        c.set_watermark("wipe-compact", "compaction", {0: 450})
+        c.set_watermark("wipe-compact", "compaction", {0: 450},      # as the compaction job, under its lease
+                        c.lease("wipe-compact", "compact", "test-job", 60_000)[3])
         for i in range(10):
             c.produce("wipe-compact", [Message(key=b"t%d" % i, value=b"t" * 1024)] * 10, queue=0)
         wait_until(lambda: all(len(keyed(c, a)) < 300 for a in rcluster.addresses), timeout=60,

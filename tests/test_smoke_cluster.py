@@ -1,5 +1,7 @@
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -34,9 +36,9 @@ def _processes_with(text: str) -> list[int]:
 def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
     """A node whose raft port is taken exits naming it: start() fails naming the node
     and stops the nodes it started (a ``with`` block never reaches __exit__)."""
-    base = free_port_block(9)
+    base = free_port_block(12)
     taken = socket.socket()
-    taken.bind(("127.0.0.1", base + 3 + 1))        # node 1's raft port (gRPC, raft, produce)
+    taken.bind(("127.0.0.1", base + 4 + 1))        # node 1's raft port (gRPC, raft, produce, cluster)
     taken.listen()
     data_dir = str(tmp_path / "cluster")
     cluster = LocalCluster(nodes=3, groups=4, data_dir=data_dir, port=base)
@@ -46,6 +48,22 @@ def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
     finally:
         taken.close()
     with open(os.path.join(data_dir, "node-1.log")) as f:
-        assert f"raft port 127.0.0.1:{base + 4}" in f.read()
+        assert f"raft port 127.0.0.1:{base + 5}" in f.read()
     assert cluster.procs == [None, None, None]
     assert _processes_with(data_dir) == []
+
+
+def test_a_node_whose_grpc_port_is_taken_exits_2_naming_it(tmp_path):
+    """gRPC's own bind failure (its port taken) is a clear exit 2, not a traceback."""
+    base = free_port_block(4)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", base))
+    taken.listen()
+    try:
+        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+                              "--nodes", f"127.0.0.1:{base}", "--replication-factor", "1",
+                              "--data-dir", str(tmp_path / "n")], capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"127.0.0.1:{base}" in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]

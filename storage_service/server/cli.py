@@ -180,7 +180,13 @@ def run_node(args) -> int:
     except RuntimeError as e:          # could not join
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
-    server = serve(node)
+    try:
+        server = serve(node)
+    except RuntimeError as e:          # gRPC could not bind its port (or the cluster port)
+        print(f"rmq-storage: {e} (each node needs its gRPC port and the ones after it: raft, "
+              "produce, and with TLS the cluster port)", file=sys.stderr)
+        node.stop()
+        return 2
     stop = _stop_on_signals()
     logging.info("node %d serving on %s", args.id, addresses[args.id])
     stop.wait()
