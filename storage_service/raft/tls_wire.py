@@ -31,9 +31,10 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.tcp_server import TcpServer
 
 from ..protocol.tls import TlsBuffers, TlsFiles, client_context, common_name, server_context
+from ..security.certs import certificate_common_name
 from .transport import _LEN, FastTcpConnection
 
-__all__ = ["HubServer", "RaftTls", "TlsTcpConnection", "common_name"]
+__all__ = ["HubServer", "RaftTls", "TlsTcpConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class RaftTls:
         self.server = server_context(self.files, require_client_cert=True)
         self.client = client_context(self.files)
         if not self.node_names:
-            self.node_names = frozenset({own_common_name(self.files)})
+            self.node_names = frozenset({certificate_common_name(self.files.cert)})
 
     def check(self, cert: dict | None) -> str | None:
         """None for a node's certificate, else what is wrong with it."""
@@ -63,18 +64,6 @@ class RaftTls:
             return None
         return (f"certificate of {name!r} is not a node's (node names: "
                 f"{', '.join(sorted(self.node_names))})")
-
-
-def own_common_name(files: TlsFiles) -> str:
-    from cryptography import x509
-    from cryptography.x509.oid import NameOID
-    with open(files.cert, "rb") as f:
-        cert = x509.load_pem_x509_certificate(f.read())
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    if not names:
-        raise ValueError(f"{files.cert}: the node certificate has no common name (CN): "
-                         "peers recognise nodes by it")
-    return str(names[0].value)
 
 
 class TlsTcpConnection(FastTcpConnection):
@@ -190,16 +179,17 @@ class TlsTcpConnection(FastTcpConnection):
 
     def send(self, message):
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        frame = _LEN.pack(len(data)) + data if len(data) < 4096 else None
+        head = _LEN.pack(len(data))
         if self._shaking or self._buffers is None:
-            self._early.append(frame or _LEN.pack(len(data)) + data)
+            self._early.append(head + data)
             return
         # read-timeout check on every send, as pysyncobj's connection does
         self._TcpConnection__processConnectionTimeout()
         if self.state == tc.CONNECTION_STATE.DISCONNECTED:
             return
-        self._queue_raw(self._buffers.encrypt(frame) if frame else
-                        self._buffers.encrypt(_LEN.pack(len(data)), data))
+        # a small frame in one record; a big one without copying it behind its head first
+        self._queue_raw(self._buffers.encrypt(head + data) if len(data) < 4096 else
+                        self._buffers.encrypt(head, data))
         _, wbuf = self._bufs()
         if wbuf and self.state == tc.CONNECTION_STATE.CONNECTED:
             self._TcpConnection__poller.subscribe(
@@ -214,9 +204,7 @@ class TlsTcpConnection(FastTcpConnection):
         if self._shaking:
             return False
         rbuf, _ = self._bufs()
-        chunk = getattr(self, "_chunk", None)
-        if chunk is None:
-            chunk = self._chunk = memoryview(bytearray(self._TcpConnection__recvBufferSize))
+        chunk = self._recv_chunk()
         try:
             n = self._TcpConnection__socket.recv_into(chunk)
         except (BlockingIOError, InterruptedError):

@@ -100,10 +100,15 @@ class FastTcpConnection(tc.TcpConnection):
         del wbuf[:res]
         return True
 
-    def _TcpConnection__processRead(self):
+    def _recv_chunk(self) -> memoryview:
+        """One receive buffer per connection, not a fresh 1 MiB per recv."""
         chunk = getattr(self, "_chunk", None)
-        if chunk is None:   # one receive buffer per connection, not a fresh 1 MiB per recv
+        if chunk is None:
             chunk = self._chunk = memoryview(bytearray(self._TcpConnection__recvBufferSize))
+        return chunk
+
+    def _TcpConnection__processRead(self):
+        chunk = self._recv_chunk()
         try:
             n = self._TcpConnection__socket.recv_into(chunk)
         except socket.error as e:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Issued", "ensure_local", "issue", "make_ca", "write_private"]
+__all__ = ["Issued", "certificate_common_name", "ensure_local", "issue", "make_ca", "write_private"]
 
 CA_DAYS, LEAF_DAYS = 3650, 825
 
@@ -112,6 +112,17 @@ def issue(ca: Issued, folder: str, stem: str, common_name: str, hosts: tuple[str
     _write(out.key, _key_pem(key), private=True)
     _write(out.cert, cert.public_bytes(serialization.Encoding.PEM))
     return out
+
+
+def certificate_common_name(cert_path: str) -> str:
+    """The subject CN of the PEM certificate at ``cert_path`` (a node's: peers know it by it)."""
+    with open(cert_path, "rb") as f:
+        cert = x509.load_pem_x509_certificate(f.read())
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise ValueError(f"{cert_path}: the node certificate has no common name (CN): "
+                         "peers recognise nodes by it")
+    return str(names[0].value)
 
 
 def _names_cover(cert_path: str, names: tuple[str, ...]) -> bool:

@@ -19,7 +19,7 @@ node certificate. ``POLICY`` says what each call needs.
 
 An ACL or principal changed through the metadata leader is applied on the
 other nodes a moment later: before denying, a node that is not the metadata
-leader catches up with the leader's commit index (``StorageNode.meta_sync``)
+leader catches up with the leader's commit index (``server/meta_sync.py``)
 and decides again, so a grant holds on every node as soon as it is answered.
 """
 from __future__ import annotations

@@ -131,20 +131,27 @@ class AsyncServer:
         await server.start()
         return server
 
+    def _gated(self, method: str, fn):
+        """``fn`` behind the gate: the caller is authenticated and the call checked, in
+        the pool (a denial may wait for the metadata group), once per call (not again
+        when a parked fetch runs a second time)."""
+        gate = self.gate
+
+        def checked(request, ctx):
+            if ctx.principal is None:
+                try:
+                    ctx.principal = gate.principal(*ctx.credentials)
+                    if not isinstance(request, Undecodable):      # (answered INVALID_ARGUMENT)
+                        gate.check_call(method, request, ctx.principal)
+                except ServiceError as e:
+                    raise _Abort(e.code, e.message) from None
+            return fn(request, ctx)
+        return checked
+
     def _handler(self, method: str, fn):
         gate = self.gate
         if gate is not None:
-            plain = fn
-
-            def fn(request, ctx):
-                if ctx.principal is None:
-                    try:
-                        ctx.principal = gate.principal(*ctx.credentials)
-                        if not isinstance(request, Undecodable):      # (answered INVALID_ARGUMENT)
-                            gate.check_call(method, request, ctx.principal)
-                    except ServiceError as e:
-                        raise _Abort(e.code, e.message) from None
-                return plain(request, ctx)
+            fn = self._gated(method, fn)
 
         async def handle(request, context):
             ctx = SyncContext()

@@ -11,7 +11,7 @@ import grpc
 
 from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP
-from ..raft.tls_wire import own_common_name
+from ..security.certs import certificate_common_name
 from ..security.tokens import TokenKeys
 from .authz import SecurityConfig
 
@@ -22,7 +22,7 @@ def security_config(config) -> SecurityConfig:
     """A node's ``SecurityConfig`` from its ``NodeConfig`` (node names default to its
     own certificate's common name; the token secret is read here, once)."""
     names = frozenset(config.node_names) or (
-        frozenset({own_common_name(config.tls)}) if config.tls is not None else frozenset())
+        frozenset({certificate_common_name(config.tls.cert)}) if config.tls is not None else frozenset())
     return SecurityConfig(
         authorize=config.authorize, tls=config.tls is not None,
         token_keys=TokenKeys.from_file(config.token_secret_file) if config.token_secret_file else None,

@@ -64,12 +64,9 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 
 def send_frame(sock: socket.socket, request_id: int, code: int, body: bytes) -> None:
-    """One frame, header and body in one ``sendmsg`` (no concatenation of a big body)."""
+    """One frame, header and body in one ``sendmsg`` (no concatenation of a big body;
+    a ``TlsSocket`` encrypts both parts in one go)."""
     head = frame_head(request_id, code, len(body))
-    if isinstance(sock, ssl.SSLSocket):     # no sendmsg on an SSLSocket: two records
-        sock.sendall(head)
-        sock.sendall(body)
-        return
     sent = sock.sendmsg([head, body])
     if sent < len(head):
         sock.sendall(head[sent:])
