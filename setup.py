@@ -41,7 +41,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["storage_service*", "rmq_spark*"]),
     py_modules=["pyspark_rocketmq"] if os.path.exists("pyspark_rocketmq.py") else [],
-    package_data={"storage_service": ["proto/*.proto"]},
+    package_data={"storage_service": ["proto/*.proto", "http/*.html"]},
     install_requires=[
         "pysyncobj==0.3.17",
         "grpcio>=1.60",
@@ -54,6 +54,11 @@ setup(
         # bearer tokens (security/tokens.py): standard JWTs (HS256) whose signature, expiry
         # and claims a maintained library checks, readable by any JWT tool
         "PyJWT>=2.8",
+        # the HTTP port (storage_service/http): an asyncio HTTP server that runs on the gRPC
+        # server's event loop, so HTTP calls share its handlers, limits and parked fetches
+        "aiohttp>=3.9",
+        # /metrics: Prometheus' own client (text format, histograms, process metrics)
+        "prometheus_client>=0.20",
     ],
     extras_require={
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],
@@ -61,7 +66,9 @@ setup(
         # moto[server]: a real S3-compatible server for the object-store tests (issue 21);
         # deltalake: an independent reader of the archives the tests write there
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "moto[server]==5.2.5",
-                 "deltalake>=1.6"],
+                 "deltalake>=1.6",
+                 # the status page's test drives Debian's chromium (installed by the Makefile)
+                 "selenium>=4.20"],
         "bench": ["nats-py>=2.6"],
         # Notebooks: executed by the test suite (nbclient) and plotted (matplotlib).
         "notebook": ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "matplotlib>=3.8"],

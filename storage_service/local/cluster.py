@@ -19,11 +19,14 @@ import grpc
 
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..log.dirlock import DirectoryLock
+from ..protocol.placement import http_address
 from .ports import free_port_block
 
 __all__ = ["LocalCluster"]
 
 
+# gRPC, raft (all groups of the node), produce port, cluster port (TLS), HTTP port
+PORTS_PER_NODE = 5
 ADMIN = "admin"      # a secure local cluster's superuser: its certificate's CN and its token's subject
 
 
@@ -123,7 +126,7 @@ class LocalCluster:
         saved = self._saved()
         if saved and not port:
             return saved["addresses"]
-        span = 4      # gRPC, raft (all groups of the node), produce port, cluster port (TLS)
+        span = PORTS_PER_NODE
         if port:
             bases = [port + i * span for i in range(self.nodes)]
         else:
@@ -142,8 +145,8 @@ class LocalCluster:
 
     def add_node(self, timeout: float = 60.0, start: bool = True) -> int:
         """Start one more node that joins the running cluster (``--join``); its index."""
-        used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(4)]
-        base = free_port_block(4, self.host, used)
+        used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(PORTS_PER_NODE)]
+        base = free_port_block(PORTS_PER_NODE, self.host, used)
         self.addresses.append(f"{self.host}:{base}")
         self.hosts.append(self.host)
         self.procs.append(None)
@@ -158,6 +161,12 @@ class LocalCluster:
     @property
     def endpoints(self) -> str:
         return ",".join(self.addresses)
+
+    @property
+    def http_urls(self) -> list[str]:
+        """Each node's HTTP port (status page, /metrics, JSON API) as a URL."""
+        scheme = "https" if self.tls is not None else "http"
+        return [f"{scheme}://{http_address(a)}" for a in self.addresses]
 
     def node_command(self, i: int) -> list[str]:
         founders = ",".join(self.addresses[:self.founders])

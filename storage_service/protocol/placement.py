@@ -5,7 +5,7 @@ import zlib
 from typing import Sequence
 
 __all__ = ["GRPC_OPTIONS", "META_GROUP", "assign_groups", "group_of", "grpc_address", "initial_replicas",
-           "legacy_group", "produce_address", "raft_address"]
+           "http_address", "legacy_group", "produce_address", "raft_address"]
 
 META_GROUP = 0
 # gRPC options of every channel and server: big messages (fetches of up to
@@ -85,3 +85,9 @@ def produce_address(grpc_address: str) -> str:
     wave 2 every group had a raft port of its own and this came after them)."""
     host, port = grpc_address.rsplit(":", 1)
     return f"{host}:{int(port) + 2}"
+
+
+def http_address(grpc_address: str) -> str:
+    """A node's HTTP port (``storage_service/http``: JSON API, /metrics, status page): gRPC port + 4."""
+    host, port = grpc_address.rsplit(":", 1)
+    return f"{host}:{int(port) + 4}"

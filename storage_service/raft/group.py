@@ -107,6 +107,8 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         self.timing = timing
         self.stale_appends = 0
         self.snapshot_skips = 0
+        self.snapshots_written = 0      # since start (metrics)
+        self.snapshot_index = 0         # the last entry the latest snapshot covers
         os.makedirs(data_dir, exist_ok=True)
         conf = SyncObjConf(
             autoTick=False, journalFile=None,
@@ -489,6 +491,8 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
+        self.snapshots_written += 1
+        self.snapshot_index = last[1]
 
     def _read_snapshot(self, path: str):
         with open(path, "rb") as f:
@@ -502,6 +506,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         _, pos = membership.decode_config(data, pos)      # absent in snapshots written before wave 2
         leader = self._getLeader()
         self.state.restore(data[pos:], entries[0][1], leader.address if leader else None)
+        self.snapshot_index = entries[0][1]
         cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}
         return entries[0], entries[1], cluster
 

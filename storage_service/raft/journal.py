@@ -59,6 +59,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 
 import crc32c
 from pysyncobj.journal import Journal
@@ -75,6 +76,10 @@ _LEGACY_HEAD = struct.Struct("<QQ")
 CACHE_BYTES = 32 << 20
 EPOCH_BLOCK = 1024                 # epochs reserved per durable meta write
 WAL_VERSION = 2
+
+
+def _ignore(seconds: float) -> None:
+    pass
 
 
 class _Entry:
@@ -126,6 +131,7 @@ class DurableJournal(Journal):
             raise ValueError(f"fsync policy {fsync!r}; allowed: {', '.join(FSYNC_POLICIES)}")
         self.path = path
         self.fsync = fsync == "always"
+        self.observe_fsync = _ignore     # gets each fdatasync's seconds (the node's metrics)
         self._entries: list[_Entry] = []
         self._ends: list[int] = []   # file position after each entry
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
@@ -345,7 +351,9 @@ class DurableJournal(Journal):
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
                 try:
+                    t0 = time.perf_counter()
                     os.fdatasync(self._fd)
+                    self.observe_fsync(time.perf_counter() - t0)
                 except OSError:
                     # Linux reports a lost write-back once; a retry would "succeed"
                     # over lost pages. Nothing past durable_idx may ever count.

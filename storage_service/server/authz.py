@@ -116,6 +116,9 @@ POLICY: dict[str, Callable | None] = {
     "ChangeAcls": _cluster("alter"),
     "ListAcls": _cluster("describe"),
     "WhoAmI": None,
+    # the HTTP port's own (storage_service/http): cluster-wide figures
+    "Metrics": _cluster("describe"),
+    "Status": _cluster("describe"),
 }
 OPEN = ("Health",)
 

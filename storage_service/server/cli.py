@@ -78,6 +78,14 @@ def _parse(argv):
                    help="octal umask for what the node writes; the data directory gets 0777 & ~it "
                         "(default 077: only the node's user reads segments; 027 lets its group read "
                         "them, e.g. a Spark worker's user for short-circuit local reads)")
+    n.add_argument("--no-http", action="store_true",
+                   help="serve no HTTP port (by default gRPC port + 4: the JSON API, /metrics and the "
+                        "status page; HTTPS with TLS)")
+    n.add_argument("--no-metrics", action="store_true",
+                   help="count nothing for /metrics (requests, latencies, produced and fetched bytes)")
+    n.add_argument("--metrics-max-queue-series", type=int, default=10_000,
+                   help="export per-queue series while this node leads at most this many queues; past it "
+                        "per-topic series only (default 10000)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")
@@ -174,8 +182,8 @@ def run_node(args) -> int:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2
     except OSError as e:               # the raft port is taken
-        print(f"rmq-storage: {e.strerror or e} (each node needs its gRPC port and the two "
-              "after it: raft, produce)", file=sys.stderr)
+        print(f"rmq-storage: {e.strerror or e} (each node needs its gRPC port and the ones "
+              "after it: raft, produce, cluster, HTTP)", file=sys.stderr)
         return 2
     except RuntimeError as e:          # could not join
         print(f"rmq-storage: {e}", file=sys.stderr)
@@ -184,7 +192,7 @@ def run_node(args) -> int:
         server = serve(node)
     except RuntimeError as e:          # gRPC could not bind its port (or the cluster port)
         print(f"rmq-storage: {e} (each node needs its gRPC port and the ones after it: raft, "
-              "produce, and with TLS the cluster port)", file=sys.stderr)
+              "produce, with TLS the cluster port, and HTTP)", file=sys.stderr)
         node.stop()
         return 2
     stop = _stop_on_signals()
@@ -232,7 +240,9 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   tls_client_cert=args.tls_client_cert,
                                   node_names=_names(args.node_names), authorize=args.authorize,
                                   token_secret_file=args.token_secret_file,
-                                  superusers=_names(args.superusers), data_umask=args.data_umask))
+                                  superusers=_names(args.superusers), data_umask=args.data_umask,
+                                  http=not args.no_http, metrics=not args.no_metrics,
+                                  metrics_max_queue_series=args.metrics_max_queue_series))
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -261,6 +271,7 @@ def run_local(args) -> int:
     try:
         cluster.start()
         print(f"endpoints: {cluster.endpoints}", flush=True)
+        print(f"http: {','.join(cluster.http_urls)}  (status page, /metrics, /v1 JSON API)", flush=True)
         if cluster.tls is not None:
             print(f"tls-ca: {cluster.tls.ca}", flush=True)
             print(f"admin-token-file: {cluster.token_file}", flush=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -40,7 +41,7 @@ from ..protocol.tls import TlsFiles, server_credentials
 from .errors import ServiceError
 from .guard import Undecodable, _decoder
 
-__all__ = ["Parked", "AsyncServer", "Limits", "SyncContext"]
+__all__ = ["Parked", "AsyncServer", "CallFailed", "Limits", "SyncContext"]
 
 log = logging.getLogger(__name__)
 SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"]
@@ -73,6 +74,15 @@ class _Abort(Exception):
         self.code, self.details = code, details
 
 
+class CallFailed(Exception):
+    """A call ``AsyncServer.invoke`` made ended in ``code``; ``trailing``: its metadata
+    (the leader's address on a not-leader error, retry-after when at a limit)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple = ()):
+        super().__init__(details)
+        self.code, self.details, self.trailing = code, details, dict(trailing)
+
+
 class SyncContext:
     """The part of a servicer context the blocking handlers use (``guard._guard``):
     an abort becomes an exception the async side turns into the call's status."""
@@ -94,10 +104,13 @@ class AsyncServer:
     """A node's gRPC server on its own event-loop thread; ``stop`` ends both."""
 
     def __init__(self, servicer, address: str, limits: Limits = Limits(), node_name: str = "",
-                 tls: TlsFiles | None = None, tls_client_cert: bool = False, gate=None):
+                 tls: TlsFiles | None = None, tls_client_cert: bool = False, gate=None, metrics=None):
         """``gate``: a secured node's ``authz.Gate``, which every call passes before its
-        handler runs (in the pool: a denial may wait for the metadata group)."""
+        handler runs (in the pool: a denial may wait for the metadata group);
+        ``metrics``: the node's ``NodeMetrics`` (None: nothing counted)."""
         self.servicer, self.limits, self.name = servicer, limits, node_name or address
+        self.metrics = metrics
+        self.calls: dict = {}       # method -> its handler (gated), for invoke
         self.tls, self.tls_client_cert = tls, tls_client_cert
         self.gate = gate
         self.pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="grpc")
@@ -152,24 +165,49 @@ class AsyncServer:
         gate = self.gate
         if gate is not None:
             fn = self._gated(method, fn)
+        self.calls[method] = fn
+        metrics = self.metrics
 
         async def handle(request, context):
             ctx = SyncContext()
             if gate is not None:
                 ctx.credentials = _credentials(context)
+            started, code = time.perf_counter(), "OK"
             try:
-                result = await self._run(fn, request, ctx)
-                if isinstance(result, Parked):
-                    if not await self._wait(result, ctx):
-                        return result.nothing()
-                    ctx.may_park = False
-                    result = await self._run(fn, request, ctx, again=True)
+                return await self._complete(fn, request, ctx)
             except _Abort as e:
+                code = e.code.name
                 if ctx.trailing:
                     context.set_trailing_metadata(ctx.trailing)
                 await context.abort(e.code, e.details)
-            return result
+            finally:
+                if metrics is not None:
+                    metrics.request(method, "grpc", code, time.perf_counter() - started)
         return handle
+
+    async def _complete(self, fn, request, ctx: SyncContext):
+        """Run a handler to its answer (a parked fetch waits on the loop); ``_Abort`` on failure."""
+        result = await self._run(fn, request, ctx)
+        if isinstance(result, Parked):
+            if not await self._wait(result, ctx):
+                return result.nothing()
+            ctx.may_park = False
+            result = await self._run(fn, request, ctx, again=True)
+        return result
+
+    async def invoke(self, method: str, request, credentials: tuple = (None, None)) -> tuple:
+        """Call ``method`` as a gRPC call would be (same gate, limits, parking), for
+        the HTTP port: (the response, the call's context); raises ``CallFailed``."""
+        ctx = SyncContext()
+        ctx.credentials = credentials
+        try:
+            return await self._complete(self.calls[method], request, ctx), ctx
+        except _Abort as e:
+            raise CallFailed(e.code, e.details, ctx.trailing) from None
+
+    def call_soon(self, coro):
+        """Run ``coro`` on the server's loop (from another thread): its concurrent future."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     async def _run(self, fn, request, ctx: SyncContext, again: bool = False):
         if self.running >= self.limits.max_requests and not again:

@@ -7,6 +7,7 @@ calls the methods here; nothing outside a raft apply changes replicated state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -20,6 +21,7 @@ import grpc
 from ..log.dirlock import DirectoryLock
 from ..log.diskspace import DiskSpace
 from ..log.handles import OpenFiles, open_files_limit
+from ..metrics import NodeMetrics
 from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, group_of, grpc_address, raft_address
@@ -92,6 +94,9 @@ class NodeConfig:
     superusers: tuple[str, ...] = ()    # principals allowed everything
     data_umask: int = 0o077             # the data directory's mode is 0777 & ~this (0700: the node's
                                         # user only; rmq-storage node also sets it as its umask)
+    http: bool = True                   # serve the HTTP port, gRPC port + 4 (storage_service/http)
+    metrics: bool = True                # count requests for /metrics (--no-metrics: off)
+    metrics_max_queue_series: int = 10_000   # per-queue series while this node leads at most this many
 
     @property
     def address(self) -> str:
@@ -125,6 +130,8 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         self._meta_synced = self._meta_sync_failed = 0.0
         self._meta_sync_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
+        self.metrics = NodeMetrics() if config.metrics else None
+        self.http_address = ""           # set once the HTTP port is served (service.serve)
         os.makedirs(config.data_dir, exist_ok=True)
         # Whoever cannot enter the data directory reads no segment, journal or
         # snapshot in it, whatever their own modes (files made before included).
@@ -187,11 +194,14 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
     def _raft(self, g: int, state, members, members_index: int = 0) -> RaftGroup:
         c = self.config
         laid_out = (self.meta.replicas_of(g) or self.layout.get(g) or list(members)) if g else list(members)
-        return RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
+        raft = RaftGroup(g, raft_address(c.address), [raft_address(a) for a in members],
                          os.path.join(c.data_dir, f"group-{g}"), state, c.fsync, c.timing,
                          loop=self.raft_loop, members_index=members_index,
                          preferred=bool(laid_out) and laid_out[0] == c.address,
                          disk=self.disk if g else None)
+        if self.metrics is not None:
+            raft.journal.observe_fsync = self.metrics.fsync_observer(g)
+        return raft
 
     def _open_group(self, g: int, members, members_index: int = 0) -> None:
         """Open this node's replica of data group ``g``, or create it, empty, with
@@ -376,7 +386,10 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
             raise NodeFull(self.disk.describe(self.config.address))
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                            self.now_ms(), count, block)
-        return g, self.committers[g].submit(item, len(block))
+        fut = self.committers[g].submit(item, len(block))
+        if self.metrics is not None:
+            fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))
+        return g, fut
 
     def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:
         """``wait(t)`` in slices until it is True (done) or commit_timeout passes (False).
@@ -463,7 +476,8 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         me = self.meta.placement()[0].get(self.config.address, {})
         st = rmq_pb2.NodeStatus(address=self.config.address, node_id=me.get("id", self.config.node_id),
                                 pid=os.getpid(), reachable=True, open_files=self.files.count,
-                                parked_fetches=sum(st.parked_count() for st in list(self.states.values())))
+                                parked_fetches=sum(st.parked_count() for st in list(self.states.values())),
+                                http=self.http_address)
         for g, raft in sorted(self.groups.items()):
             queues = list(self.states[g].queues.values()) if g in self.states else []
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
@@ -487,6 +501,13 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
             for ch in self._channels.values():
                 ch.close()
         self._dir_lock.release()
+
+
+def _count_produced(metrics: NodeMetrics, nbytes: int, fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        _, count, _, duplicate = fut.result()
+        if not duplicate:
+            metrics.produced(count, nbytes)
 
 
 def _produce_entry(items: list[ProduceItem]) -> tuple:

@@ -23,6 +23,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from typing import Callable
 
 import grpc
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
+CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}    # a frame's code -> the metric's label
 HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
 
 
@@ -86,12 +88,13 @@ class ProduceWireServer:
 
     def __init__(self, handle: Callable[[rmq_pb2.ProduceBatchesRequest], rmq_pb2.ProduceBatchesResponse],
                  host: str, port: int, max_frame: int = MAX_FRAME,
-                 max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None):
+                 max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None, metrics=None):
         """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
         the token in its hello (or its client certificate) and each request checked
         as gRPC's ``ProduceBatches`` is."""
         self._handle = handle
         self._gate = gate
+        self._metrics = metrics              # the node's NodeMetrics, or None
         self._ssl = ssl_context              # TLS: each connection's handshake on its own thread
         self.max_frame = max_frame
         self.max_connections = max_connections
@@ -160,7 +163,11 @@ class ProduceWireServer:
                         f"connection closed with {frames.buffered} bytes of a frame read")
                 frame = frames.got(n)
                 if frame is not None:
+                    started = time.perf_counter()
                     code, reply = self._answer(frame.code, frame.body, credentials)
+                    if self._metrics is not None:
+                        self._metrics.request("ProduceBatches", "produce_port", CODE_NAMES.get(code, "UNKNOWN"),
+                                              time.perf_counter() - started)
                     send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames

@@ -17,7 +17,7 @@ from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.fetch_wire import encode_fetch_response
 from ..protocol.localread import host_id
-from ..protocol.placement import META_GROUP, produce_address, raft_address
+from ..protocol.placement import META_GROUP, http_address, produce_address, raft_address
 from ..protocol.tags import filter_batches, parse_tag_expression
 from ..protocol.tls import server_context
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
@@ -241,6 +241,8 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
                 # A client on this host reads the segment itself (storage_service.localread).
                 span = ql.locate(request.offset, max_bytes)
                 if span is not None:
+                    if self.node.metrics is not None:
+                        self.node.metrics.fetched(span.next_offset - request.offset, span.length)
                     return encode_fetch_response(b"", span.next_offset, ql.earliest, ql.next_offset,
                                                  self.node.config.address, span)
             if ql is not None:
@@ -252,6 +254,8 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
             earliest, latest = ql.earliest, ql.next_offset
         nxt = framing.next_offset(batches, request.offset)
         batches = filter_batches(batches, wanted)
+        if self.node.metrics is not None:
+            self.node.metrics.fetched(nxt - request.offset, len(batches))
         # Encoded here, not through a FetchResponse object: see fetchwire.
         return encode_fetch_response(batches, nxt, earliest, latest, self.node.config.address)
 
@@ -425,20 +429,23 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
 
 
 class Servers:
-    """A node's gRPC server and its produce port (``producewire``), stopped together."""
+    """A node's gRPC server, its produce port (``producewire``) and HTTP port, stopped together."""
 
-    def __init__(self, grpc_server: AsyncServer, produce: ProduceWireServer | None):
+    def __init__(self, grpc_server: AsyncServer, produce: ProduceWireServer | None, http=None):
         self.grpc = grpc_server
         self.produce = produce
+        self.http = http
 
     def stop(self, grace: float = 1.0) -> None:
         if self.produce is not None:
             self.produce.stop()
+        if self.http is not None:
+            self.http.stop()
         self.grpc.stop(grace=grace)
 
 
 def _produce_server(handle, address: str, taken: set[str] = frozenset(),
-                    ssl_context=None, gate=None) -> ProduceWireServer | None:
+                    ssl_context=None, gate=None, metrics=None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -449,19 +456,47 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset(),
         return None
     host, port = address.rsplit(":", 1)
     try:
-        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate)
+        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate, metrics=metrics)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
+
+
+def _http_server(server: AsyncServer, node: StorageNode, taken: set[str], ssl_context):
+    """The HTTP port (gRPC port + 4), or None: off (``--no-http``), one of the cluster's
+    other ports (a cluster laid out with 4 ports a node), or not bindable (warned)."""
+    from ..http.server import HttpServer
+    from ..metrics.state import StateCollector
+
+    c = node.config
+    if node.metrics is not None:
+        node.metrics.register(StateCollector(node, c.metrics_max_queue_series, server))
+    if not c.http:
+        return None
+    address = http_address(c.address)
+    if address in taken:
+        log.warning("HTTP port %s not served: it is another node's port in this cluster's layout "
+                    "(laid out with 4 ports a node); metrics and the status page are off here", address)
+        return None
+    try:
+        http = HttpServer(server, node, address, ssl_context)
+    except OSError as e:
+        log.warning("HTTP port %s not served (%s): metrics, the JSON API and the status page are off "
+                    "on this node", address, e)
+        return None
+    node.http_address = address
+    return http
 
 
 def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     c = node.config
     limits = limits or Limits(max_requests=c.max_requests, max_parked=c.max_parked_fetches)
     server = AsyncServer(MessageLogService(node), c.address, limits, tls=c.tls,
-                         tls_client_cert=c.tls_client_cert, gate=node.gate)
+                         tls_client_cert=c.tls_client_cert, gate=node.gate, metrics=node.metrics)
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
     produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx,
-                              gate=node.gate)
-    return Servers(server, produce)
+                              gate=node.gate, metrics=node.metrics)
+    taken |= {produce_address(a) for a in c.addresses}
+    http = _http_server(server, node, taken, None if c.tls is None else server_context(c.tls, False))
+    return Servers(server, produce, http)

@@ -1,0 +1,147 @@
+"""The HTTP/JSON API's routes: each is one gRPC method of the service (named as the
+route, so metrics, ACLs and errors read the same).
+
+    GET    /                                   status page (status.html)
+    GET    /metrics                            Prometheus text format
+    GET    /v1/status                          what the status page shows, as JSON
+    GET    /v1/cluster                         ClusterStatus
+    GET    /v1/topics                          ListTopics
+    POST   /v1/topics                          CreateTopic   {"name": ..., "queues": ..., ...}
+    GET    /v1/topics/{topic}                  DescribeTopic
+    DELETE /v1/topics/{topic}                  DeleteTopic
+    POST   /v1/topics/{topic}/messages         Produce       [{"key", "value", "tags", "properties"}]
+    GET    /v1/topics/{topic}/queues/{queue}/messages?offset=N&max=M   Fetch
+    GET    /v1/consumer-groups/{group}/topics/{topic}/offsets          GetCommittedOffsets (+ lag)
+    POST   /v1/consumer-groups/{group}/topics/{topic}/offsets          CommitOffsets {"offsets": {"0": N}}
+"""
+from __future__ import annotations
+
+import os
+
+import grpc
+from aiohttp import web
+
+from ..proto import rmq_pb2
+from ..protocol.fetch_wire import decode_fetch_response
+from ..server.dispatch import CallFailed
+from .convert import BadRequest, int_param, message_json, messages_from_json, parse_into, records_json
+from .server import HttpServer, json_body, json_response
+from .status import cluster_view
+
+__all__ = ["add_routes", "MAX_FETCH_MESSAGES"]
+
+MAX_FETCH_MESSAGES = 10_000
+DEFAULT_FETCH_MESSAGES = 100
+PAGE = os.path.join(os.path.dirname(__file__), "status.html")
+
+
+def add_routes(http: HttpServer) -> None:
+    r = http.app.router
+    page = open(PAGE, "rb").read()
+
+    async def status_page(request):
+        return web.Response(body=page, content_type="text/html", charset="utf-8",
+                            headers={"Cache-Control": "no-store"})
+
+    async def metrics(request):
+        if http.node.metrics is None:
+            raise CallFailed(grpc.StatusCode.NOT_FOUND, "this node runs with --no-metrics: nothing is "
+                                                        "counted, /metrics is off")
+        body = await http.in_pool(request, "Metrics", http.node.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def status(request):
+        return json_response(await http.in_pool(request, "Status", cluster_view, http.rpc.servicer, http.node))
+
+    async def cluster(request):
+        return json_response(message_json(await http.call(request, "ClusterStatus",
+                                                          rmq_pb2.ClusterStatusRequest())))
+
+    async def list_topics(request):
+        resp = await http.call(request, "ListTopics", rmq_pb2.ListTopicsRequest())
+        return json_response({"topics": [message_json(t) for t in resp.topics]})
+
+    async def create_topic(request):
+        config = parse_into(await json_body(request), rmq_pb2.TopicConfig())
+        resp = await http.call(request, "CreateTopic", rmq_pb2.CreateTopicRequest(config=config))
+        return json_response(message_json(resp.config), status=201)
+
+    async def describe_topic(request):
+        resp = await http.call(request, "DescribeTopic", rmq_pb2.DescribeTopicRequest(
+            name=request.match_info["topic"]))
+        return json_response(message_json(resp))
+
+    async def delete_topic(request):
+        await http.call(request, "DeleteTopic", rmq_pb2.DeleteTopicRequest(name=request.match_info["topic"]))
+        return json_response({"deleted": request.match_info["topic"]})
+
+    async def produce(request):
+        msgs, queue = messages_from_json(await json_body(request))
+        if "queue" in request.query:
+            queue = int_param(request.query, "queue")
+        req = rmq_pb2.ProduceRequest(topic=request.match_info["topic"], messages=msgs,
+                                     queue=-1 if queue is None else queue)
+        resp = await http.call(request, "Produce", req)
+        return json_response({"results": [message_json(x) for x in resp.results]})
+
+    async def fetch(request):
+        q = request.query
+        try:
+            queue = int(request.match_info["queue"])
+        except ValueError:
+            raise BadRequest("queue", f"{request.match_info['queue']!r} is not a queue number") from None
+        offset = int_param(q, "offset")
+        limit = int_param(q, "max", DEFAULT_FETCH_MESSAGES, low=1)
+        if limit > MAX_FETCH_MESSAGES:
+            raise BadRequest("max", f"{limit}: at most {MAX_FETCH_MESSAGES} messages a request")
+        encoding = q.get("encoding", "auto")
+        if encoding not in ("auto", "base64"):
+            raise BadRequest("encoding", f"{encoding!r}: use auto (text when UTF-8) or base64")
+        req = rmq_pb2.FetchRequest(topic=request.match_info["topic"], queue=queue, offset=offset,
+                                   max_messages=limit, max_bytes=int_param(q, "max_bytes", 0, low=0),
+                                   wait_ms=int_param(q, "wait_ms", 0, low=0), tags=q.get("tags", ""))
+        reply = decode_fetch_response(await http.call(request, "Fetch", req))
+        return json_response({"topic": req.topic, "queue": queue,
+                              "messages": records_json(reply.batches, offset, limit, encoding == "base64"),
+                              "next_offset": reply.next_offset, "earliest": reply.earliest,
+                              "latest": reply.latest, "served_by": reply.served_by})
+
+    async def committed(request):
+        group, topic = request.match_info["group"], request.match_info["topic"]
+        got = await http.call(request, "GetCommittedOffsets", rmq_pb2.GetCommittedOffsetsRequest(
+            consumer_group=group, topic=topic))
+        offsets = await http.call(request, "Offsets", rmq_pb2.OffsetsRequest(topic=topic))
+        c = dict(got.offsets)
+        return json_response({"consumer_group": group, "topic": topic, "queues": [
+            {"queue": o.queue, "committed": c.get(o.queue), "earliest": o.earliest, "latest": o.latest,
+             "lag": o.latest - c.get(o.queue, o.earliest)} for o in offsets.queues]})
+
+    async def commit(request):
+        body = await json_body(request)
+        if not isinstance(body, dict) or set(body) != {"offsets"} or not isinstance(body["offsets"], dict):
+            raise BadRequest("offsets", "give {\"offsets\": {\"QUEUE\": OFFSET, ...}}")
+        offsets = {}
+        for k, v in body["offsets"].items():
+            try:
+                q = int(k)
+            except ValueError:
+                raise BadRequest(f"offsets.{k}", "not a queue number") from None
+            if type(v) is not int:
+                raise BadRequest(f"offsets.{k}", f"{v!r}: give an integer offset")
+            offsets[q] = v
+        await http.call(request, "CommitOffsets", rmq_pb2.CommitOffsetsRequest(
+            consumer_group=request.match_info["group"], topic=request.match_info["topic"], offsets=offsets))
+        return json_response({"committed": {str(q): o for q, o in sorted(offsets.items())}})
+
+    r.add_get("/", status_page, name="StatusPage")
+    r.add_get("/metrics", metrics, name="Metrics")
+    r.add_get("/v1/status", status, name="Status")
+    r.add_get("/v1/cluster", cluster, name="ClusterStatus")
+    r.add_get("/v1/topics", list_topics, name="ListTopics")
+    r.add_post("/v1/topics", create_topic, name="CreateTopic")
+    r.add_get("/v1/topics/{topic}", describe_topic, name="DescribeTopic")
+    r.add_delete("/v1/topics/{topic}", delete_topic, name="DeleteTopic")
+    r.add_post("/v1/topics/{topic}/messages", produce, name="Produce")
+    r.add_get("/v1/topics/{topic}/queues/{queue}/messages", fetch, name="Fetch")
+    r.add_get("/v1/consumer-groups/{group}/topics/{topic}/offsets", committed, name="GetCommittedOffsets")
+    r.add_post("/v1/consumer-groups/{group}/topics/{topic}/offsets", commit, name="CommitOffsets")
