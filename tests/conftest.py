@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 
 import pytest
 
@@ -37,7 +38,8 @@ def client(cluster):
 @pytest.fixture
 def topic(client, request):
     """A fresh topic per test, named after it."""
-    name = "t-" + request.node.name.replace("[", "-").replace("]", "")[:100]
+    full = request.node.name.replace("[", "-").replace("]", "")
+    name = "t-" + full[:100] + (f"-{zlib.crc32(full.encode()):08x}" if len(full) > 100 else "")
     name = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in name)
     client.create_topic(name, queues=4)
     return name

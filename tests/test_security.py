@@ -385,3 +385,47 @@ def test_segment_files_are_the_nodes_alone_unless_configured(cluster, admin, tmp
         assert mode == 0o750 and files == {0o640}, (oct(mode), [oct(f) for f in files])
     finally:
         c.stop()
+
+
+def test_the_http_port_is_https_with_the_same_credentials_and_acls(cluster, admin):
+    """The HTTP port of a secured node: HTTPS (the cluster's CA), a bearer token as on
+    gRPC, the same ACLs under the gRPC method's name; /metrics and the status data
+    need describe on the cluster; a refusal changes nothing."""
+    import requests
+    from storage_service.protocol.placement import http_address
+
+    base = f"https://{http_address(cluster.addresses[1])}"
+    ca = cluster.tls.ca
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{base}/v1/topics", timeout=10)             # not trusting the cluster's CA
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(f"http://{http_address(cluster.addresses[1])}/v1/topics", timeout=10)   # no plaintext
+    r = requests.get(f"{base}/v1/topics", verify=ca, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["code"] == "UNAUTHENTICATED"
+    r = requests.get(f"{base}/metrics", verify=ca, headers={"Authorization": "Bearer forged.token.x"}, timeout=10)
+    assert r.status_code == 401
+    dora = admin.create_principal("dora")["token"]
+    as_dora = {"Authorization": f"Bearer {dora}"}
+    before = _latest(admin)
+    r = requests.post(f"{base}/v1/topics/orders/messages", json=[{"value": "x"}], verify=ca, headers=as_dora,
+                      timeout=10)
+    assert r.status_code == 403, r.text
+    assert "'dora' may not produce topic 'orders'" in r.json()["error"]["message"]
+    for path in ("/metrics", "/v1/status"):
+        r = requests.get(base + path, verify=ca, headers=as_dora, timeout=10)
+        assert r.status_code == 403 and "may not describe the cluster" in r.json()["error"]["message"], path
+    assert _latest(admin) == before
+    admin.change_acls(True, [dict(principal="dora", resource_type="topic", name="orders",
+                                  operations=["produce", "consume"]),
+                             dict(principal="dora", resource_type="cluster", name="", operations=["describe"])])
+    r = requests.post(f"{base}/v1/topics/orders/messages?queue=1", json=[{"value": "from http"}], verify=ca,
+                      headers=as_dora, timeout=10, allow_redirects=False)
+    if r.status_code == 307:        # a follower: the client sends its credentials on to the leader
+        assert r.headers["Location"].startswith("https://")    # (curl: --location-trusted)
+        r = requests.post(r.headers["Location"], json=[{"value": "from http"}], verify=ca, headers=as_dora,
+                          timeout=10, allow_redirects=False)
+    assert r.status_code == 200, r.text
+    assert admin.fetch("orders", 1, before[1]).records[0].value == b"from http"
+    r = requests.get(f"{base}/metrics", verify=ca, headers=as_dora, timeout=10)
+    assert r.status_code == 200 and "rmq_raft_term" in r.text
+    assert requests.get(f"{base}/", verify=ca, timeout=10).status_code == 200    # the page asks for a token

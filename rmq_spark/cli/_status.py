@@ -159,9 +159,9 @@ def cmd_cluster(client: Client, a) -> int:
     rows = [[n["node_id"], n["address"], n["pid"] or "-", n["state"].upper() if n["state"] == "down" else "up",
              n["membership"], len([g for g in n["groups"] if g["group"] != META_GROUP]),
              ",".join(map(str, n["leaders"])) or "-", n["queues"], human_bytes(n["bytes"]),
-             n.get("open_files", 0)] for n in view["nodes"]]
+             n.get("open_files", 0), n.get("http") or "-"] for n in view["nodes"]]
     print(table(rows, ["node", "address", "pid", "state", "member", "replicas", "leads groups", "queues",
-                       "bytes", "open files"]))
+                       "bytes", "open files", "http"]))
     print()
     by_node = {n["address"]: n for n in view["nodes"]}
     rows = [[f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"], g["commit_index"] or "-",

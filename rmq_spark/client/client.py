@@ -451,7 +451,7 @@ class Client(SecurityCalls):
         nodes = []
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
-                              open_files=n.open_files, parked_fetches=n.parked_fetches,
+                              open_files=n.open_files, parked_fetches=n.parked_fetches, http=n.http,
                               groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
                                            applied_index=g.applied_index, term=g.term,
                                            raft_log_entries=g.raft_log_entries, queues=g.queues,

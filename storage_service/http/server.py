@@ -109,7 +109,7 @@ class HttpServer:
         except web.HTTPException as e:       # no such route, method not allowed, body too big
             if e.status < 400:
                 raise
-            code = "NOT_FOUND" if e.status in (404, 405) else "INVALID_ARGUMENT"
+            code = {404: "NOT_FOUND", 405: "UNIMPLEMENTED"}.get(e.status, "INVALID_ARGUMENT")
             if e.status == 413:
                 code = "RESOURCE_EXHAUSTED"
                 message = f"the body is larger than {MAX_BODY} bytes, the limit of one HTTP request"

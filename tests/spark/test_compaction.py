@@ -6,6 +6,7 @@ from the topic itself (last record per key by (queue, offset)), never typed in.
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -270,3 +271,20 @@ def test_cli_get_and_bad_compact_arguments(spark, client, endpoints, compact, ca
     assert "cleanup policy 'delete'" in capsys.readouterr().err
     assert rmq(["--endpoints", endpoints, "topic", "alter", "plain-cli", "--queues", "3"]) == 0
     assert client.describe_topic("plain-cli")["queues"] == 3
+
+
+def test_compaction_lag_metrics_go_to_zero_after_an_available_now_run(spark, client, endpoints, cluster, compact):
+    """rmq_compaction_lag_messages/_seconds (/metrics, from the queues' leaders):
+    messages not merged into the table yet, the oldest one's age; 0 after a run."""
+    from tests.scrape import series
+
+    topic, table = compact
+    _produce_updates(client, topic, 90, keys=20, queues=3, seed=4)
+    time.sleep(1.1)
+    lag = {d["queue"]: v for d, v in series(cluster, "rmq_compaction_lag_messages", topic=topic)}
+    assert sorted(lag) == ["0", "1", "2"] and sum(lag.values()) == 90
+    assert all(v >= 1.0 for _, v in series(cluster, "rmq_compaction_lag_seconds", topic=topic))
+    compact_topic(spark, endpoints, topic, table)
+    assert all(v == 0 for _, v in series(cluster, "rmq_compaction_lag_messages", topic=topic))
+    assert all(v == 0 for _, v in series(cluster, "rmq_compaction_lag_seconds", topic=topic))
+    assert sum(v for _, v in series(cluster, "rmq_compaction_topic_lag_messages", topic=topic)) == 0

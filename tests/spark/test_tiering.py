@@ -476,3 +476,22 @@ def test_cli_bad_input_is_refused_and_changes_nothing(client, endpoints, topic, 
     out = rmq(endpoints, "tier", topic, "--format", "parquet")
     assert out.returncode == 2 and "does not match" in out.stderr
     assert client.describe_topic(topic)["tier"] == f"delta:{arch}" and not os.path.exists(other)
+
+
+def test_tiering_lag_metrics_go_to_zero_after_an_available_now_run(spark, client, endpoints, cluster, tmp_path):
+    """rmq_tiering_lag_messages/_seconds on the queues' leaders (/metrics): the hot
+    messages not archived yet, and the age of the oldest; 0 once the job ran."""
+    from tests.scrape import series
+
+    name = "tier-lag-metrics"
+    client.create_topic(name, queues=2, tier=f"delta:{tmp_path / 'archive'}")
+    produce(client, name, 30, queues=2)
+    time.sleep(1.1)
+    lag = {d["queue"]: v for d, v in series(cluster, "rmq_tiering_lag_messages", topic=name)}
+    assert lag == {"0": 15, "1": 15}
+    secs = [v for _, v in series(cluster, "rmq_tiering_lag_seconds", topic=name)]
+    assert len(secs) == 2 and all(s >= 1.0 for s in secs), secs
+    run_tier(spark, endpoints, name)
+    assert {d["queue"]: v for d, v in series(cluster, "rmq_tiering_lag_messages", topic=name)} == {"0": 0, "1": 0}
+    assert [v for _, v in series(cluster, "rmq_tiering_lag_seconds", topic=name)] == [0.0, 0.0]
+    assert sum(v for _, v in series(cluster, "rmq_tiering_topic_lag_messages", topic=name)) == 0
