@@ -21,6 +21,7 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	command -v java >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jre-headless)
 	# the status page's test drives Debian's headless chromium (tests/test_http_api.py)
 	command -v chromedriver >/dev/null || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
+	command -v curl >/dev/null || (apt-get update -q && apt-get install -y -q curl)    # the README's HTTP tour
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[test,spark,notebook]' --config-settings editable_mode=compat

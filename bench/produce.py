@@ -25,6 +25,13 @@ once replicated):
    on, 5 ms ticks, commands of 100 messages; what is left for a
    pysyncobj-based log before it does any storage work.
 
+Row 2 is also measured over the nodes' HTTP/JSON API (``POST
+/v1/topics/T/messages``, values as base64, one keep-alive connection per
+thread and node: ``_http_producer.py``), on the same cluster. Rows 2 and 3
+are measured again on a cluster whose nodes run ``--no-metrics`` (nothing
+counted for ``/metrics``), in the same round, the two clusters' order
+alternating: what counting costs.
+
 With ``--secure``, rows 2 and 3 are measured again on a second cluster made by
 ``LocalCluster(secure=True)`` (TLS on every port, ACLs on), as a principal with
 only ``produce`` on the topic, its bearer token on every call: TLS clients
@@ -65,6 +72,7 @@ if REPO_ROOT not in sys.path:  # benchmark the checkout, installed or not
     sys.path.insert(1, REPO_ROOT)
 
 import _peers  # noqa: E402  (lives next to this file)
+from _http_producer import HttpProducer  # noqa: E402
 
 log = logging.getLogger("bench.produce")
 
@@ -82,7 +90,12 @@ RMQ_B100 = "rmq-spark 3-node, batch=100"
 RMQ_B100X8 = "rmq-spark 3-node, batch=100 x 8 queues/call"
 RMQ_B100X8_GRPC = "  the same over gRPC (no produce port)"
 RMQ_CLI = "rmq produce (CLI), lines from a file"
-RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_B100X8, RMQ_B100X8_GRPC, RMQ_CLI)
+RMQ_HTTP_B100 = "  the same over HTTP/JSON (base64 values)"
+RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_HTTP_B100, RMQ_B100X8, RMQ_B100X8_GRPC, RMQ_CLI)
+OFF_B100 = "rmq-spark --no-metrics, batch=100"
+OFF_B100X8 = "rmq-spark --no-metrics, batch=100 x 8 queues/call"
+OFF_ROWS = (OFF_B100, OFF_B100X8)
+TARGET_METRICS = 0.95
 SEC_B100 = "rmq-spark TLS + token, batch=100"
 SEC_B100X8 = "rmq-spark TLS + token, batch=100 x 8 queues/call"
 SEC_ROWS = (SEC_B100, SEC_B100X8)
@@ -304,8 +317,10 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
                 Client(cluster.endpoints) as client, \
                 Client(cluster.endpoints, produce_port=False) as grpc_client:
             client.create_topic(TOPIC, queues=QUEUES)
+            over_http = HttpProducer(cluster.http_urls, TOPIC)
             batched = [(RMQ_B100X8, client, 100, True), (RMQ_B100X8_GRPC, grpc_client, 100, True)]
             for name, c, batch, per_queue in [(RMQ_B1, client, 1, False), (RMQ_B100, client, 100, False),
+                                              (RMQ_HTTP_B100, over_http, 100, False),
                                               *(batched[::-1] if grpc_first else batched)]:
                 rate, cpu = rmq_throughput(c, values, batch, per_queue, args.threads,
                                            args.seconds, args.warmup,
@@ -319,6 +334,28 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
         done = {r.name for r in rows}
         rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in RMQ_ROWS if n not in done]
     return sorted(rows, key=lambda r: RMQ_ROWS.index(r.name))
+
+
+def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    """Rows 2 and 3 on a cluster whose nodes count nothing (``--no-metrics``)."""
+    from rmq_spark.client import Client
+    from storage_service.local import LocalCluster
+    rows: list[Row] = []
+    log.info("starting an rmq-spark LocalCluster with --no-metrics (3 nodes, 4 groups)")
+    try:
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-off"),
+                          extra_args=["--no-metrics"]) as cluster, Client(cluster.endpoints) as client:
+            client.create_topic(TOPIC, queues=QUEUES)
+            for name, batch, per_queue in ((OFF_B100, 100, False), (OFF_B100X8, 100, True)):
+                rate, cpu = rmq_throughput(client, values, batch, per_queue, args.threads, args.seconds,
+                                           args.warmup, [p.pid for p in cluster.procs if p])
+                p50, p99 = percentiles_ms(rmq_latency(client, values, batch, per_queue, args.seconds))
+                rows.append(Row(name, rate, p50, p99, f"{args.threads} threads; nodes count nothing", cpu))
+    except Exception as e:  # the other rows stand; the error is printed
+        log.exception("--no-metrics rmq-spark benchmark failed")
+        done = {r.name for r in rows}
+        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in OFF_ROWS if n not in done]
+    return rows
 
 
 def measure_rmq_secure(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
@@ -570,6 +607,10 @@ def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
                    share, ".2f", lambda v: v >= TARGET_CLI_SHARE))
     checks.append((f"single-message produce p99 <= {TARGET_P99_MS:g} ms",
                    b1.p99_ms, ".2f", lambda v: v <= TARGET_P99_MS))
+    for on, off, how in ((RMQ_B100, OFF_B100, "1 queue/call"), (RMQ_B100X8, OFF_B100X8, "8 queues/call")):
+        a, b = by_name[on].msgs_per_s, by_name[off].msgs_per_s
+        checks.append((f"produce with metrics ({how}) >= {TARGET_METRICS:.0%} of --no-metrics",
+                       a / b if a is not None and b else None, ".2f", lambda v: v >= TARGET_METRICS))
     for sec, plain, how in ((SEC_B100, RMQ_B100, "1 queue/call"), (SEC_B100X8, RMQ_B100X8, "8 queues/call")):
         if sec in by_name:
             a, b = by_name[sec].msgs_per_s, by_name[plain].msgs_per_s
@@ -590,7 +631,12 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              f"{RMQ_B1}: p99 / NATS sync p99": (b1.p99_ms, nats.p99_ms),
              PORT_VS_GRPC: (b100x8.msgs_per_s, over_grpc.msgs_per_s),
              "8 queues/call: produce port / gRPC CPU per msg": (b100x8.cpu_us, over_grpc.cpu_us),
-             CLI_VS_BATCHED: (by_name[RMQ_CLI].msgs_per_s, b100x8.msgs_per_s)}
+             CLI_VS_BATCHED: (by_name[RMQ_CLI].msgs_per_s, b100x8.msgs_per_s),
+             "batch=100: HTTP/JSON / gRPC msgs/s": (by_name[RMQ_HTTP_B100].msgs_per_s, b100.msgs_per_s),
+             "batch=100: metrics on / --no-metrics msgs/s": (b100.msgs_per_s, by_name[OFF_B100].msgs_per_s),
+             "8 queues/call: metrics on / --no-metrics msgs/s": (b100x8.msgs_per_s,
+                                                                 by_name[OFF_B100X8].msgs_per_s),
+             "batch=100: metrics on / off CPU per msg": (b100.cpu_us, by_name[OFF_B100].cpu_us)}
     if SEC_B100 in by_name:
         pairs.update({f"{SEC_B100}: msgs/s / plaintext": (by_name[SEC_B100].msgs_per_s, b100.msgs_per_s),
                       f"{SEC_B100X8}: msgs/s / plaintext (produce port)":
@@ -667,8 +713,16 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], l
             if args.secure and r % 2:               # the two clusters' order alternates by round
                 secure = measure_rmq_secure(args, values, sub)
                 settle(os.path.join(sub, "rmq-secure"))
+            off: list[Row] = []
+            if r % 2:                               # metrics on and off: order alternating by round
+                off = measure_rmq_no_metrics(args, values, sub)
+                settle(os.path.join(sub, "rmq-off"))
             rows = measure_rmq(args, values, os.path.join(sub, "rmq"), grpc_first=bool(r % 2))
             settle(os.path.join(sub, "rmq"))
+            if not r % 2:
+                off = measure_rmq_no_metrics(args, values, sub)
+                settle(os.path.join(sub, "rmq-off"))
+            rows += off
             if args.secure and not r % 2:
                 secure = measure_rmq_secure(args, values, sub)
                 settle(os.path.join(sub, "rmq-secure"))

@@ -304,3 +304,17 @@ def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("http"), extra_args=["--metrics-max-queue-series", "150"])
     yield c
     c.stop()
+
+
+def test_the_grafana_dashboard_queries_metrics_the_nodes_export(cluster, client, tmp_path):
+    import re
+
+    client.create_topic("dash-tiered", queues=1, tier=f"delta:{tmp_path / 'archive'}")
+    client.create_topic("dash-compact", queues=1, cleanup_policy="compact")
+    client.produce("dash-tiered", [b"x"], queue=0)
+    client.produce("dash-compact", [b"x"], queue=0)
+    client.commit_offsets("dash", "dash-tiered", {0: 0})
+    exported = {n for i in range(3) for n, _ in scrape(cluster, i)}
+    doc = json.load(open(os.path.join(os.path.dirname(__file__), "..", "docs", "grafana-dashboard.json")))
+    used = {m for p in doc["panels"] for t in p["targets"] for m in re.findall(r"\brmq_\w+", t["expr"])}
+    assert used and used <= exported, sorted(used - exported)

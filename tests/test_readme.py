@@ -19,13 +19,15 @@ import sys
 import pytest
 
 from rmq_spark.client import Client
+from storage_service.protocol.placement import http_address
 
 from .conftest import start_cluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLE_ENDPOINTS = "127.0.0.1:7000,127.0.0.1:7003,127.0.0.1:7006"
+SAMPLE_ENDPOINTS = "127.0.0.1:7000,127.0.0.1:7005,127.0.0.1:7010"
+SAMPLE_HTTP = "127.0.0.1:7004"       # node 0's HTTP port in the sample output
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 
 
@@ -39,6 +41,7 @@ def readme_blocks() -> list[tuple[str, int, str]]:
 def test_readme_names_the_sample_endpoints_it_starts():
     text = open(os.path.join(ROOT, "README.md")).read()
     assert f"endpoints: {SAMPLE_ENDPOINTS}" in text and "--port 7000" in text
+    assert f"http: http://{SAMPLE_HTTP}," in text
     langs = [lang for lang, _, _ in readme_blocks()]
     assert langs.count("bash") >= 4 and langs.count("python") >= 2
 
@@ -61,7 +64,9 @@ def test_readme_tour_runs_in_order_on_one_cluster(tmp_path):
         env = {k: v for k, v in os.environ.items() if k not in ("RMQ_ENDPOINTS", "PYSPARK_PYTHON")}
         envfile = str(tmp_path / "env")
         for lang, line, code in readme_blocks():
-            p = _run(lang, code.replace(SAMPLE_ENDPOINTS, cluster.endpoints), env, str(tour), envfile)
+            code = code.replace(SAMPLE_ENDPOINTS, cluster.endpoints).replace(
+                SAMPLE_HTTP, http_address(cluster.addresses[0]))
+            p = _run(lang, code, env, str(tour), envfile)
             assert p.returncode == 0, (f"README.md line {line} ({lang}) exited {p.returncode}:\n"
                                        f"{p.stderr[-3000:]}")
             if lang == "bash":
@@ -81,6 +86,10 @@ def _check_what_the_tour_says(endpoints: str) -> None:
         assert c.committed_offsets("orders-upper", "orders") == latest            # "lag 0"
         assert c.describe_topic("balances")["compacted_table"].endswith("/tour/balances-table")
         assert c.describe_topic("events")["tier"].endswith("/tour/archive")
+        web = c.fetch("web-events", 0, 0).records                                 # the curl tour
+        assert [(r.key, r.value, r.tags) for r in web] == [(b"u1", b"clicked", ""),
+                                                           (None, bytes.fromhex("deadbeef"), "binary")]
+        assert c.committed_offsets("dashboard", "web-events") == {0: 1}
 
 
 def _run_notebook_on_the_same_cluster(endpoints: str, tmp_path) -> None:

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from storage_service.local import LocalCluster, free_port_block
+from storage_service.local.cluster import PORTS_PER_NODE
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +37,9 @@ def _processes_with(text: str) -> list[int]:
 def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
     """A node whose raft port is taken exits naming it: start() fails naming the node
     and stops the nodes it started (a ``with`` block never reaches __exit__)."""
-    base = free_port_block(12)
+    base = free_port_block(15)
     taken = socket.socket()
-    taken.bind(("127.0.0.1", base + 4 + 1))        # node 1's raft port (gRPC, raft, produce, cluster)
+    taken.bind(("127.0.0.1", base + PORTS_PER_NODE + 1))   # node 1's raft port (gRPC, raft, produce, cluster, HTTP)
     taken.listen()
     data_dir = str(tmp_path / "cluster")
     cluster = LocalCluster(nodes=3, groups=4, data_dir=data_dir, port=base)
@@ -48,7 +49,7 @@ def test_a_cluster_that_cannot_start_leaves_no_node_running(tmp_path):
     finally:
         taken.close()
     with open(os.path.join(data_dir, "node-1.log")) as f:
-        assert f"raft port 127.0.0.1:{base + 5}" in f.read()
+        assert f"raft port 127.0.0.1:{base + PORTS_PER_NODE + 1}" in f.read()
     assert cluster.procs == [None, None, None]
     assert _processes_with(data_dir) == []
 

@@ -517,6 +517,9 @@ REQUESTS = {
     "ListPrincipals": (rmq_pb2.ListPrincipalsRequest(), "describe", CLUSTER),
     "ChangeAcls": (rmq_pb2.ChangeAclsRequest(add=True), "alter", CLUSTER),
     "ListAcls": (rmq_pb2.ListAclsRequest(), "describe", CLUSTER),
+    # the HTTP port's own (no request message)
+    "Metrics": (None, "describe", CLUSTER),
+    "Status": (None, "describe", CLUSTER),
 }
 OPEN_TO_ANY = {"ListTopics": rmq_pb2.ListTopicsRequest(), "ClusterStatus": rmq_pb2.ClusterStatusRequest(),
                "WhoAmI": rmq_pb2.WhoAmIRequest()}
