@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from rmq_spark.client import Message
 from storage_service.protocol.placement import http_address
 from tests.conftest import wait_until
 from tests.scrape import scrape, total
@@ -312,7 +313,7 @@ def test_the_grafana_dashboard_queries_metrics_the_nodes_export(cluster, client,
     client.create_topic("dash-tiered", queues=1, tier=f"delta:{tmp_path / 'archive'}")
     client.create_topic("dash-compact", queues=1, cleanup_policy="compact")
     client.produce("dash-tiered", [b"x"], queue=0)
-    client.produce("dash-compact", [b"x"], queue=0)
+    client.produce("dash-compact", [Message(b"x", key=b"k")], queue=0)
     client.commit_offsets("dash", "dash-tiered", {0: 0})
     exported = {n for i in range(3) for n, _ in scrape(cluster, i)}
     doc = json.load(open(os.path.join(os.path.dirname(__file__), "..", "docs", "grafana-dashboard.json")))
