@@ -56,7 +56,7 @@ setup(
         "PyJWT>=2.8",
         # the HTTP port (storage_service/http): an asyncio HTTP server that runs on the gRPC
         # server's event loop, so HTTP calls share its handlers, limits and parked fetches
-        "aiohttp>=3.9",
+        "aiohttp>=3.9,<4",
         # /metrics: Prometheus' own client (text format, histograms, process metrics)
         "prometheus_client>=0.20",
     ],

@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from rmq_spark.client import Message
+from rmq_spark.client import Client, Message
 from storage_service.protocol.placement import http_address
 from tests.conftest import wait_until
 from tests.scrape import scrape, total
@@ -319,3 +319,88 @@ def test_the_grafana_dashboard_queries_metrics_the_nodes_export(cluster, client,
     doc = json.load(open(os.path.join(os.path.dirname(__file__), "..", "docs", "grafana-dashboard.json")))
     used = {m for p in doc["panels"] for t in p["targets"] for m in re.findall(r"\brmq_\w+", t["expr"])}
     assert used and used <= exported, sorted(used - exported)
+
+
+def test_too_many_connections_or_a_huge_body_are_refused_and_the_node_keeps_serving(cluster):
+    import socket
+
+    from storage_service.http.server import MAX_BODY, MAX_CONNECTIONS
+
+    host, port = http_address(cluster.addresses[2]).rsplit(":", 1)
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 5):
+            s = socket.create_connection((host, int(port)), timeout=10)
+            held.append(s)
+        # the last ones are answered at once, and closed
+        s = held[-1]
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        head, body = reply.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 429") and b"Retry-After: 1" in head
+        err = json.loads(body)["error"]
+        assert err["code"] == "RESOURCE_EXHAUSTED" and f"{MAX_CONNECTIONS} HTTP connections" in err["message"]
+    finally:
+        for s in held:
+            s.close()
+    r = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(
+        requests.get(url(cluster, 2, "/v1/topics"), allow_redirects=True, timeout=TIMEOUT)),
+        timeout=10, what="the port serving again")
+    assert "topics" in r.json()
+    r = requests.post(url(cluster, 2, "/v1/topics/any/messages"), data=b"[" + b" " * MAX_BODY + b"]",
+                      timeout=TIMEOUT)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "RESOURCE_EXHAUSTED"
+    assert f"{MAX_BODY} bytes" in r.json()["error"]["message"]
+    assert requests.get(url(cluster, 2, "/metrics"), timeout=TIMEOUT).status_code == 200
+
+
+def test_an_http_long_poll_waits_for_data_without_a_thread(cluster, client, topic):
+    import threading
+
+    lead = leader_index(cluster, client, topic, 3)
+    parked_before = total(cluster, "rmq_parked_fetches")
+    got = {}
+
+    def poll():
+        got["r"] = requests.get(url(cluster, lead, f"/v1/topics/{topic}/queues/3/messages?offset=0&wait_ms=20000"),
+                                timeout=TIMEOUT)
+    t = threading.Thread(target=poll)
+    t.start()
+    wait_until(lambda: total(cluster, "rmq_parked_fetches") > parked_before, timeout=10,
+               what="the poll parked (rmq_parked_fetches)")
+    client.produce(topic, [b"woke"], queue=3)
+    t.join(timeout=15)
+    assert not t.is_alive()
+    assert [m["value"] for m in got["r"].json()["messages"]] == ["woke"]
+
+
+def test_http_and_metrics_can_be_off_and_an_old_port_layout_keeps_its_ports(tmp_path):
+    """--no-metrics: /metrics answers 404 saying so; --no-http: no port, status says "".
+    A cluster laid out 4 ports a node (before the HTTP port) starts as before: a node
+    whose gRPC + 4 is the next node's gRPC port serves no HTTP."""
+    from storage_service.local import LocalCluster, free_port_block
+
+    with LocalCluster(nodes=1, groups=1, data_dir=str(tmp_path / "off"), extra_args=["--no-metrics"]) as c:
+        r = requests.get(f"http://{http_address(c.addresses[0])}/metrics", timeout=TIMEOUT)
+        assert r.status_code == 404 and "--no-metrics" in r.json()["error"]["message"]
+        assert requests.get(f"http://{http_address(c.addresses[0])}/v1/topics", timeout=TIMEOUT).status_code == 200
+    with LocalCluster(nodes=1, groups=1, data_dir=str(tmp_path / "nohttp"), extra_args=["--no-http"]) as c:
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://{http_address(c.addresses[0])}/", timeout=TIMEOUT)
+        with Client(c.endpoints) as cl:
+            assert [n["http"] for n in cl.cluster_status()["nodes"]] == [""]
+    old = tmp_path / "old-layout"
+    old.mkdir()
+    base = free_port_block(12)
+    addresses = [f"127.0.0.1:{base}", f"127.0.0.1:{base + 4}"]
+    (old / "cluster.json").write_text(json.dumps({"nodes": 2, "groups": 2, "addresses": addresses,
+                                                  "founders": 2}))
+    with LocalCluster(data_dir=str(old)) as c:
+        assert c.addresses == addresses
+        with Client(c.endpoints) as cl:
+            http = {n["address"]: n["http"] for n in cl.cluster_status()["nodes"]}
+            cl.create_topic("still-works", queues=2)
+            cl.produce("still-works", [b"x"], queue=1)
+        assert http == {addresses[0]: "", addresses[1]: http_address(addresses[1])}
+        assert "HTTP port" in open(os.path.join(str(old), "node-0.log")).read()

@@ -34,10 +34,11 @@ from ..server.dispatch import CallFailed
 from ..server.errors import ServiceError
 from .convert import HTTP_STATUS, BadRequest
 
-__all__ = ["HttpServer", "MAX_BODY"]
+__all__ = ["HttpServer", "MAX_BODY", "MAX_CONNECTIONS"]
 
 log = logging.getLogger(__name__)
 MAX_BODY = 64 << 20          # a produce body (base64 makes binary a third bigger)
+MAX_CONNECTIONS = 512        # open HTTP connections per node; past it a new one gets 429 and is closed
 
 
 class HttpServer:
@@ -49,13 +50,14 @@ class HttpServer:
         self.scheme = "https" if ssl_context is not None else "http"
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._answer])
         api.add_routes(self)
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # shutdown: requests in flight get 1 s (a long poll is answered by the node stopping)
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
         host, port = address.rsplit(":", 1)
         rpc.call_soon(self._start(host, int(port), ssl_context)).result(30)
 
     async def _start(self, host: str, port: int, ssl_context) -> None:
         await self.runner.setup()
-        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context, reuse_address=True)
+        site = _LimitedSite(self.runner, host, port, ssl_context=ssl_context, reuse_address=True)
         try:
             await site.start()
         except OSError:
@@ -142,6 +144,36 @@ class HttpServer:
         if retry_ms:
             resp.headers["Retry-After"] = str(max(1, math.ceil(int(retry_ms) / 1000)))
         return resp
+
+
+class _LimitedSite(web.TCPSite):
+    """aiohttp's TCP site, at most ``MAX_CONNECTIONS`` connections open: a connection
+    past it is answered 429 RESOURCE_EXHAUSTED naming the limit and closed (each one
+    holds a descriptor the node's segments and raft connections need too)."""
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        handler = self._runner.server
+
+        def connection():
+            if len(handler.connections) >= MAX_CONNECTIONS:
+                return _Refused()
+            return handler()
+        self._server = await asyncio.get_running_loop().create_server(
+            connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            reuse_address=self._reuse_address)
+
+
+class _Refused(asyncio.Protocol):
+    BODY = json.dumps({"error": {"code": "RESOURCE_EXHAUSTED", "http_status": 429, "message":
+                                 f"this node has {MAX_CONNECTIONS} HTTP connections open, its limit: "
+                                 "retry shortly, or reuse a connection"}}).encode()
+
+    def connection_made(self, transport) -> None:
+        transport.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                        b"Retry-After: 1\r\nConnection: close\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(self.BODY), self.BODY))
+        transport.close()
 
 
 def error_response(code: grpc.StatusCode | None, message: str, status: int | None = None,
