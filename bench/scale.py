@@ -12,6 +12,9 @@ measures:
 * read: the message back from every queue's leader (``fetch``);
 * per node: RSS, open descriptors and disk after the produce, and the
   restart time of the whole cluster (stop, start, every group led);
+* per node: one scrape of ``/metrics`` (the largest: bytes, seconds, series,
+  and queues whose per-queue series were left out past
+  ``--metrics-max-queue-series``);
 * per queue: RSS and metadata bytes (the topic configs, as the metadata
   snapshot holds them), and what 1,000,000 queues
   (RIP-20's "100w") would take per node at that rate.
@@ -121,6 +124,9 @@ def one(queues: int, where: str, say) -> dict:
             row["disk_mb_per_node"] = max(_du_mb(os.path.join(data, f"node-{i}")) for i in range(3))
             # The metadata snapshot is the topic configs (with every queue's group) as JSON.
             row["meta_snapshot_kb"] = len(json.dumps(c.list_topics())) / 1024
+            row.update(_scrapes(cluster))
+            say(f"  {queues:,} queues: /metrics {row['scrape_kb']:.0f} KB, {row['scrape_series']:,} series in "
+                f"{row['scrape_s']:.2f} s ({row['queues_omitted']:,} queues per-topic only)")
         t = time.perf_counter()
         cluster.stop()
         cluster.start(timeout=600)
@@ -134,6 +140,25 @@ def one(queues: int, where: str, say) -> dict:
         cluster.stop()
         shutil.rmtree(data, ignore_errors=True)
     return row
+
+
+def _scrapes(cluster: LocalCluster) -> dict:
+    """The largest of one /metrics scrape per node: KB, seconds, series, queues omitted."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from storage_service.protocol.placement import http_address
+    out = {"scrape_kb": 0.0, "scrape_s": 0.0, "scrape_series": 0, "queues_omitted": 0}
+    for a in cluster.addresses:
+        t = time.perf_counter()
+        text = requests.get(f"http://{http_address(a)}/metrics", timeout=120).text
+        took = time.perf_counter() - t
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        omitted = next((int(s.value) for s in samples if s.name == "rmq_metrics_queues_omitted"), 0)
+        out = {"scrape_kb": max(out["scrape_kb"], len(text) / 1024), "scrape_s": max(out["scrape_s"], took),
+               "scrape_series": max(out["scrape_series"], len(samples)),
+               "queues_omitted": max(out["queues_omitted"], omitted)}
+    return out
 
 
 def _cpu_s(pid: int) -> float:
@@ -201,13 +226,14 @@ def main(argv=None) -> int:
     for n in counts:
         rows.append(one(n, a.dir or tempfile.gettempdir(), lambda line: print(line, flush=True)))
     head = ["queues", "create s", "produce s", "read ms/q", "RSS MB", "RSS KB/q", "open files",
-            "disk MB/node", "meta KB", "restart s"]
+            "disk MB/node", "meta KB", "restart s", "/metrics KB", "/metrics s", "series", "queues per-topic only"]
     print("\n| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
         print(f"| {r['queues']:,} | {r['create_s']:.1f} | {r['produce_s']:.1f} | {r['read_ms_per_queue']:.2f} | "
               f"{r['rss_mb']:.0f} | {r['rss_kb_per_queue']:.1f} | {r['open_files']} | "
-              f"{r['disk_mb_per_node']:.0f} | {r['meta_snapshot_kb']:.0f} | {r['restart_s']:.1f} |")
+              f"{r['disk_mb_per_node']:.0f} | {r['meta_snapshot_kb']:.0f} | {r['restart_s']:.1f} | "
+              f"{r['scrape_kb']:.0f} | {r['scrape_s']:.2f} | {r['scrape_series']:,} | {r['queues_omitted']:,} |")
     big = rows[-1]
     print(f"\n1,000,000 queues at the {big['queues']:,}-queue rates, per node: RSS ~"
           f"{big['rss_kb_per_queue'] * 1e6 / (1 << 20):.1f} GB more, metadata snapshot ~"

@@ -429,3 +429,17 @@ def test_the_http_port_is_https_with_the_same_credentials_and_acls(cluster, admi
     r = requests.get(f"{base}/metrics", verify=ca, headers=as_dora, timeout=10)
     assert r.status_code == 200 and "rmq_raft_term" in r.text
     assert requests.get(f"{base}/", verify=ca, timeout=10).status_code == 200    # the page asks for a token
+    # failed TLS handshakes give their connection slot back (more of them than the port's limit)
+    from storage_service.http.server import MAX_CONNECTIONS
+    host, port = http_address(cluster.addresses[1]).rsplit(":", 1)
+    for _ in range(MAX_CONNECTIONS + 50):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")      # plaintext at a TLS port
+            s.settimeout(10)
+            try:
+                while s.recv(4096):
+                    pass
+            except OSError:
+                pass
+    r = requests.get(f"{base}/metrics", verify=ca, headers=as_dora, timeout=10)
+    assert r.status_code == 200

@@ -16,6 +16,7 @@ route, so metrics, ACLs and errors read the same).
 """
 from __future__ import annotations
 
+import json
 import os
 
 import grpc
@@ -24,8 +25,9 @@ from aiohttp import web
 from ..proto import rmq_pb2
 from ..protocol.fetch_wire import decode_fetch_response
 from ..server.dispatch import CallFailed
-from .convert import BadRequest, int_param, message_json, messages_from_json, parse_into, records_json
-from .server import HttpServer, json_body, json_response
+from .convert import (INT32, BadRequest, int_param, int_value, message_json, messages_from_json, parse_into,
+                      records_json)
+from .server import HttpServer, json_body, json_response, parse_json
 from .status import cluster_view
 
 __all__ = ["add_routes", "MAX_FETCH_MESSAGES"]
@@ -47,7 +49,7 @@ def add_routes(http: HttpServer) -> None:
         if http.node.metrics is None:
             raise CallFailed(grpc.StatusCode.NOT_FOUND, "this node runs with --no-metrics: nothing is "
                                                         "counted, /metrics is off")
-        body = await http.in_pool(request, "Metrics", http.node.metrics.render)
+        body = await http.in_pool(request, "Metrics", lambda may: http.node.metrics.render())
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def status(request):
@@ -62,7 +64,7 @@ def add_routes(http: HttpServer) -> None:
         return json_response({"topics": [message_json(t) for t in resp.topics]})
 
     async def create_topic(request):
-        config = parse_into(await json_body(request), rmq_pb2.TopicConfig())
+        config = parse_into(parse_json(await json_body(request)), rmq_pb2.TopicConfig())
         resp = await http.call(request, "CreateTopic", rmq_pb2.CreateTopicRequest(config=config))
         return json_response(message_json(resp.config), status=201)
 
@@ -76,20 +78,15 @@ def add_routes(http: HttpServer) -> None:
         return json_response({"deleted": request.match_info["topic"]})
 
     async def produce(request):
-        msgs, queue = messages_from_json(await json_body(request))
-        if "queue" in request.query:
-            queue = int_param(request.query, "queue")
-        req = rmq_pb2.ProduceRequest(topic=request.match_info["topic"], messages=msgs,
-                                     queue=-1 if queue is None else queue)
+        raw = await json_body(request)
+        query_queue = int_param(request.query, "queue", -1, low=-1, high=INT32) if "queue" in request.query else None
+        req = await http.offload(_produce_request, request.match_info["topic"], raw, query_queue)
         resp = await http.call(request, "Produce", req)
         return json_response({"results": [message_json(x) for x in resp.results]})
 
     async def fetch(request):
         q = request.query
-        try:
-            queue = int(request.match_info["queue"])
-        except ValueError:
-            raise BadRequest("queue", f"{request.match_info['queue']!r} is not a queue number") from None
+        queue = int_value("queue", request.match_info["queue"], 0, INT32)
         offset = int_param(q, "offset")
         limit = int_param(q, "max", DEFAULT_FETCH_MESSAGES, low=1)
         if limit > MAX_FETCH_MESSAGES:
@@ -98,13 +95,11 @@ def add_routes(http: HttpServer) -> None:
         if encoding not in ("auto", "base64"):
             raise BadRequest("encoding", f"{encoding!r}: use auto (text when UTF-8) or base64")
         req = rmq_pb2.FetchRequest(topic=request.match_info["topic"], queue=queue, offset=offset,
-                                   max_messages=limit, max_bytes=int_param(q, "max_bytes", 0, low=0),
-                                   wait_ms=int_param(q, "wait_ms", 0, low=0), tags=q.get("tags", ""))
-        reply = decode_fetch_response(await http.call(request, "Fetch", req))
-        return json_response({"topic": req.topic, "queue": queue,
-                              "messages": records_json(reply.batches, offset, limit, encoding == "base64"),
-                              "next_offset": reply.next_offset, "earliest": reply.earliest,
-                              "latest": reply.latest, "served_by": reply.served_by})
+                                   max_messages=limit, max_bytes=int_param(q, "max_bytes", 0, low=0, high=INT32),
+                                   wait_ms=int_param(q, "wait_ms", 0, low=0, high=INT32), tags=q.get("tags", ""))
+        wire = await http.call(request, "Fetch", req)
+        body = await http.offload(_fetch_json, req, wire, limit, encoding == "base64")
+        return web.Response(body=body, content_type="application/json")
 
     async def committed(request):
         group, topic = request.match_info["group"], request.match_info["topic"]
@@ -117,18 +112,15 @@ def add_routes(http: HttpServer) -> None:
              "lag": o.latest - c.get(o.queue, o.earliest)} for o in offsets.queues]})
 
     async def commit(request):
-        body = await json_body(request)
+        body = parse_json(await json_body(request))
         if not isinstance(body, dict) or set(body) != {"offsets"} or not isinstance(body["offsets"], dict):
             raise BadRequest("offsets", "give {\"offsets\": {\"QUEUE\": OFFSET, ...}}")
         offsets = {}
         for k, v in body["offsets"].items():
-            try:
-                q = int(k)
-            except ValueError:
-                raise BadRequest(f"offsets.{k}", "not a queue number") from None
+            q = int_value(f"offsets.{k}", k, 0, INT32)
             if type(v) is not int:
                 raise BadRequest(f"offsets.{k}", f"{v!r}: give an integer offset")
-            offsets[q] = v
+            offsets[q] = int_value(f"offsets.{k}", v, None)
         await http.call(request, "CommitOffsets", rmq_pb2.CommitOffsetsRequest(
             consumer_group=request.match_info["group"], topic=request.match_info["topic"], offsets=offsets))
         return json_response({"committed": {str(q): o for q, o in sorted(offsets.items())}})
@@ -145,3 +137,23 @@ def add_routes(http: HttpServer) -> None:
     r.add_get("/v1/topics/{topic}/queues/{queue}/messages", fetch, name="Fetch")
     r.add_get("/v1/consumer-groups/{group}/topics/{topic}/offsets", committed, name="GetCommittedOffsets")
     r.add_post("/v1/consumer-groups/{group}/topics/{topic}/offsets", commit, name="CommitOffsets")
+
+
+def _produce_request(topic: str, raw: bytes, query_queue: int | None) -> rmq_pb2.ProduceRequest:
+    """A produce body (JSON, base64 decoded) as the gRPC request, in the pool."""
+    msgs, queue = messages_from_json(parse_json(raw))
+    if query_queue is not None:
+        queue = query_queue
+    return rmq_pb2.ProduceRequest(topic=topic, messages=msgs, queue=-1 if queue is None else queue)
+
+
+def _fetch_json(req: rmq_pb2.FetchRequest, wire: bytes, limit: int, force_base64: bool) -> bytes:
+    """A Fetch answer as the JSON body, in the pool. The node keeps whole batches, so it
+    may hand more records than ``limit``: then ``next_offset`` follows the last record
+    shown, not the batches (a reader following it misses nothing)."""
+    reply = decode_fetch_response(wire)
+    msgs = records_json(reply.batches, req.offset, limit, force_base64)
+    nxt = msgs[-1]["offset"] + 1 if len(msgs) >= limit else reply.next_offset
+    return json.dumps({"topic": req.topic, "queue": req.queue, "messages": msgs, "next_offset": nxt,
+                       "earliest": reply.earliest, "latest": reply.latest,
+                       "served_by": reply.served_by}).encode()

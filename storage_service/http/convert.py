@@ -16,8 +16,8 @@ from google.protobuf.descriptor import FieldDescriptor
 from ..proto import rmq_pb2
 from ..protocol import framing, records
 
-__all__ = ["BadRequest", "HTTP_STATUS", "bytes_json", "message_json", "messages_from_json", "parse_message",
-           "records_json", "int_param"]
+__all__ = ["BadRequest", "HTTP_STATUS", "INT32", "INT64", "bytes_json", "message_json", "messages_from_json",
+           "parse_message", "records_json", "int_param", "int_value"]
 
 # As grpc-gateway and Google's APIs map them.
 HTTP_STATUS = {
@@ -33,12 +33,17 @@ HTTP_STATUS = {
 MESSAGE_FIELDS = ("key", "value", "tags", "properties")
 
 
-class BadRequest(Exception):
-    """A request the HTTP layer refuses before any call: INVALID_ARGUMENT naming ``field``."""
+INT32 = (1 << 31) - 1
+INT64 = (1 << 63) - 1
 
-    def __init__(self, field: str, message: str):
+
+class BadRequest(Exception):
+    """A request the HTTP layer refuses before any call: INVALID_ARGUMENT naming ``field``
+    (HTTP ``status``, 400 unless the problem has its own)."""
+
+    def __init__(self, field: str, message: str, status: int = 400):
         super().__init__(f"{field}: {message}")
-        self.field = field
+        self.field, self.status = field, status
 
 
 def bytes_json(b: bytes | None, force_base64: bool = False):
@@ -103,8 +108,9 @@ def messages_from_json(body) -> tuple[list[rmq_pb2.Message], int | None]:
             raise BadRequest(unknown[0], "unknown field; the body is an array of messages or "
                                          "{\"messages\": [...], \"queue\": N}")
         if "queue" in body and body["queue"] is not None:
-            if type(body["queue"]) is not int:
-                raise BadRequest("queue", f"{body['queue']!r}: give an integer queue number")
+            if type(body["queue"]) is not int or not -1 <= body["queue"] <= INT32:
+                raise BadRequest("queue", f"{body['queue']!r}: give a queue number (0 or more; -1: "
+                                          "the service picks)")
             queue = body["queue"]
         body = body.get("messages")
     if not isinstance(body, list):
@@ -119,22 +125,29 @@ def parse_into(body, message):
         raise BadRequest("body", f"{type(body).__name__} given: give a JSON object")
     try:
         return json_format.ParseDict(body, message)
-    except json_format.ParseError as e:
+    except (json_format.ParseError, ValueError) as e:      # (ValueError: an integer out of range)
         raise BadRequest("body", str(e)) from None
 
 
-def int_param(query, name: str, default: int | None = None, low: int | None = None) -> int:
+def int_param(query, name: str, default: int | None = None, low: int | None = None,
+              high: int = INT64) -> int:
     v = query.get(name)
     if v is None:
         if default is None:
             raise BadRequest(name, "missing: give an integer")
         return default
+    return int_value(name, v, low, high)
+
+
+def int_value(name: str, v, low: int | None = None, high: int = INT64) -> int:
     try:
         n = int(v)
-    except ValueError:
+    except (TypeError, ValueError):
         raise BadRequest(name, f"{v!r} is not an integer") from None
     if low is not None and n < low:
         raise BadRequest(name, f"{n}: give {low} or more")
+    if n > high:
+        raise BadRequest(name, f"{n}: give at most {high}")
     return n
 
 

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import time
+import weakref
 
 import grpc
 from aiohttp import web
@@ -39,6 +40,8 @@ __all__ = ["HttpServer", "MAX_BODY", "MAX_CONNECTIONS"]
 log = logging.getLogger(__name__)
 MAX_BODY = 64 << 20          # a produce body (base64 makes binary a third bigger)
 MAX_CONNECTIONS = 512        # open HTTP connections per node; past it a new one gets 429 and is closed
+KEEPALIVE_SECONDS = 15.0     # an idle keep-alive connection is closed after this
+HANDSHAKE_SECONDS = 10.0     # HTTPS: a peer that does not finish its handshake is dropped
 
 
 class HttpServer:
@@ -51,7 +54,10 @@ class HttpServer:
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._answer])
         api.add_routes(self)
         # shutdown: requests in flight get 1 s (a long poll is answered by the node stopping)
-        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        # keep-alive: an idle connection closes after KEEPALIVE_SECONDS (it holds a slot of
+        # MAX_CONNECTIONS)
+        self.runner = web.AppRunner(self.app, access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                                    keepalive_timeout=KEEPALIVE_SECONDS)
         host, port = address.rsplit(":", 1)
         rpc.call_soon(self._start(host, int(port), ssl_context)).result(30)
 
@@ -82,18 +88,30 @@ class HttpServer:
         return resp
 
     async def in_pool(self, request: web.Request, what: str, fn, *args):
-        """``fn(*args)`` in the node's pool, after the gate allowed ``what`` (authz.POLICY)."""
+        """``fn(may_describe, *args)`` in the node's pool (within ``--max-requests``), after
+        the gate allowed ``what`` (authz.POLICY); ``may_describe(resource type, name)``
+        says what the caller may see (always True on a node without ACLs)."""
         gate = self.node.gate
         creds = self.credentials(request)
 
         def run():
+            may = _everything
             if gate is not None:
-                gate.check_call(what, None, gate.principal(*creds))
-            return fn(*args)
+                p = gate.principal(*creds)
+                gate.check_call(what, None, p)
+                if gate.config.authorize:
+                    def may(rtype: str, name: str) -> bool:
+                        return gate.allowed(p, "describe", rtype, name)
+            return fn(may, *args)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.rpc.pool, run)
+            return await self.rpc.run_in_pool(run)
         except ServiceError as e:
             raise CallFailed(e.code, e.message, e.trailing_metadata()) from None
+
+    async def offload(self, fn, *args):
+        """``fn(*args)`` in the pool: JSON work on big bodies must not stall the loop, which
+        serves every gRPC call of the node too."""
+        return await self.rpc.run_in_pool(fn, *args)
 
     @web.middleware
     async def _answer(self, request: web.Request, handler):
@@ -107,7 +125,7 @@ class HttpServer:
             return self._failed(request, e)
         except BadRequest as e:
             code = "INVALID_ARGUMENT"
-            return error_response(grpc.StatusCode.INVALID_ARGUMENT, str(e), field=e.field)
+            return error_response(grpc.StatusCode.INVALID_ARGUMENT, str(e), status=e.status, field=e.field)
         except web.HTTPException as e:       # no such route, method not allowed, body too big
             if e.status < 400:
                 raise
@@ -151,17 +169,60 @@ class _LimitedSite(web.TCPSite):
     past it is answered 429 RESOURCE_EXHAUSTED naming the limit and closed (each one
     holds a descriptor the node's segments and raft connections need too)."""
 
+    open = 0                     # connections accepted and not yet lost (TLS handshakes included)
+
     async def start(self) -> None:
         await web.BaseSite.start(self)
         handler = self._runner.server
 
         def connection():
-            if len(handler.connections) >= MAX_CONNECTIONS:
+            # counted here, at accept: aiohttp registers a connection only once its
+            # transport is made (after a TLS handshake; a burst of accepts comes first)
+            if self.open >= MAX_CONNECTIONS:
                 return _Refused()
-            return handler()
+            self.open += 1
+            return _Counted(handler(), self)
         self._server = await asyncio.get_running_loop().create_server(
             connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address)
+            reuse_address=self._reuse_address,
+            ssl_handshake_timeout=HANDSHAKE_SECONDS if self._ssl_context is not None else None)
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, which gives its slot back when lost, or
+    when dropped unconnected: asyncio never tells the protocol of a connection whose
+    TLS handshake failed, it only lets go of it."""
+    __slots__ = ("inner", "site", "_slot", "__weakref__")
+
+    def __init__(self, inner, site: _LimitedSite):
+        self.inner, self.site = inner, site
+        self._slot = slot = [True]         # held
+        weakref.finalize(self, _release, site, slot)
+
+    def connection_made(self, transport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        _release(self.site, self._slot)
+        self.inner.connection_lost(exc)
+
+
+def _release(site: _LimitedSite, slot: list) -> None:
+    if slot[0]:
+        slot[0] = False
+        site.open -= 1
 
 
 class _Refused(asyncio.Protocol):
@@ -188,12 +249,28 @@ def json_response(data, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data), status=status, content_type="application/json")
 
 
-async def json_body(request: web.Request):
-    """The request's body as JSON; BadRequest naming what is wrong."""
+async def json_body(request: web.Request) -> bytes:
+    """The request's body, which must be sent as JSON (``parse_json`` reads it, in the pool).
+
+    ``Content-Type: application/json`` is required: a browser sends a cross-site POST
+    of another type without asking the server first (no CORS preflight), so any web
+    page could otherwise write to a node its reader can reach."""
+    if request.content_type != "application/json":
+        raise BadRequest("Content-Type", f"{request.content_type or 'none'} given: send the body as "
+                                         "application/json (curl: -H 'Content-Type: application/json')",
+                         status=415)
     raw = await request.read()
     if not raw:
         raise BadRequest("body", "empty: give a JSON document")
+    return raw
+
+
+def parse_json(raw: bytes):
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest("body", f"not JSON: {e}") from None
+
+
+def _everything(rtype: str, name: str) -> bool:
+    return True

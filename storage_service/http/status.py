@@ -3,11 +3,15 @@ leaders, topics with their lag, and the tiering and compaction jobs running.
 
 Computed by the node asked, from its metadata replica (a follower's is a
 moment behind the leader's: fine for a page that refreshes itself) and each
-group's offsets (its own replica's, or the leader's, asked over gRPC). At most
-``MAX_TOPICS`` topics, by name; ``topics_total`` says how many there are.
+group's offsets (its own replica's, or the leader's, asked over gRPC; a group
+that does not answer is asked once per view and shown as unreachable). At most
+``MAX_TOPICS`` topics, by name; ``topics_total`` says how many there are. A
+view is reused for ``FRESH_SECONDS`` (every open page asks every 2 s). On a
+node with ACLs a caller sees the topics and consumer groups it may describe.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -20,10 +24,28 @@ from ..server.errors import ServiceError
 __all__ = ["cluster_view", "MAX_TOPICS"]
 
 MAX_TOPICS = 100
+FRESH_SECONDS = 1.0
 JOBS = (("tier", "tiering"), ("compact", "compaction"))
+_cache: dict[int, tuple[float, dict]] = {}     # id(node) -> (when, view)
+_cache_lock = threading.Lock()
 
 
-def cluster_view(service, node) -> dict:
+def cluster_view(may, service, node) -> dict:
+    """The status view as a caller that ``may(resource type, name)`` describe sees it."""
+    with _cache_lock:                  # one computation at a time, shared by the pages open
+        when, view = _cache.get(id(node), (0.0, None))
+        if view is None or time.monotonic() - when > FRESH_SECONDS:
+            view = _view(service, node)
+            _cache[id(node)] = (time.monotonic(), view)
+    topics = [dict(t, consumer_groups={g: n for g, n in t["consumer_groups"].items() if may("group", g)})
+              for t in view["topics"] if may("topic", t["name"])]
+    out = {k: v for k, v in view.items() if k != "all_topics"}
+    out.update(topics=topics, topics_total=sum(1 for name in view["all_topics"] if may("topic", name)),
+               jobs=[j for j in view["jobs"] if may("topic", j["topic"])])
+    return out
+
+
+def _view(service, node) -> dict:
     st = service.ClusterStatus.__wrapped__(service, rmq_pb2.ClusterStatusRequest(), SyncContext())
     members = {m.address: m.state for m in st.members}
     nodes, groups = [], {}
@@ -42,9 +64,10 @@ def cluster_view(service, node) -> dict:
                 view.update(leader=n.address, term=g.term, commit_index=g.commit_index)
     topics = node.meta.list_topics()
     now_ms = node.now_ms()
+    unreachable: set[int] = set()
     return {"node": node.config.address, "time_ms": int(time.time() * 1000), "nodes": nodes,
-            "groups": [groups[g] for g in sorted(groups)], "topics_total": len(topics),
-            "topics": [_topic(node, cfg, now_ms) for cfg in topics[:MAX_TOPICS]],
+            "groups": [groups[g] for g in sorted(groups)], "all_topics": [t["name"] for t in topics],
+            "topics": [_topic(node, cfg, unreachable) for cfg in topics[:MAX_TOPICS]],
             "jobs": [{"kind": kind, "topic": cfg["name"], "holder": holder, "expires_ms": expires}
                      for cfg in topics for lease, kind in JOBS
                      for holder, expires in [node.meta.lease(cfg["name"], lease, now_ms)] if holder]}
@@ -55,14 +78,18 @@ def _group(g: int, replicas: list[str]) -> dict:
             "leader": "", "term": 0, "commit_index": 0}
 
 
-def _topic(node, cfg: dict, now_ms: int) -> dict:
+def _topic(node, cfg: dict, unreachable: set[int]) -> dict:
     name, meta = cfg["name"], node.meta
     stats, unknown = {}, []
     for g in sorted({node.group_of(name, q, cfg) for q in range(cfg["queues"])}):
+        if g in unreachable:
+            unknown.append(g)
+            continue
         try:
             stats.update(node.group_offsets(cfg, g)[0])
         except (ServiceError, grpc.RpcError):      # no leader right now: shown as unknown
             unknown.append(g)
+            unreachable.add(g)
     qs = [(q,) + stats[q] for q in sorted(stats)]
     view = {"name": name, "queues": cfg["queues"], "cleanup_policy": cfg["cleanup_policy"], "tier": cfg["tier"],
             "messages": sum(latest - earliest for _, earliest, latest, _ in qs),

@@ -22,8 +22,8 @@ from .diskspace import Shortage, is_shortage
 from .durability import drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
 from .swaps import SegmentSwaps
-from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
-                      read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
+from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, index_position,
+                      open_sealed, read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -441,6 +441,25 @@ class QueueLog(SegmentSwaps):
                             st.st_ino, st.st_dev)
 
         return self._in_segments(offset, None, in_segment)
+
+    def store_ts_at(self, offset: int) -> int | None:
+        """Store time of the batch holding ``offset``, from batch headers only (a few
+        small reads from the sparse index's entry on); None when nothing is there."""
+        head = framing.BATCH_HEADER.size + framing.BODY_HEADER.size
+
+        def find(seg: Segment, fd: int, size: int, idx, off: int) -> int | None:
+            pos, ts = index_position(idx, off), None
+            while pos + head <= size:
+                b = os.pread(fd, head, pos)
+                if len(b) < head:
+                    break
+                body_len, _ = framing.BATCH_HEADER.unpack_from(b, 0)
+                base, store_ts, _, _ = framing.BODY_HEADER.unpack_from(b, framing.BATCH_HEADER.size)
+                if base > off:
+                    break
+                ts, pos = store_ts, pos + framing.BATCH_HEADER.size + body_len
+            return ts
+        return self._in_segments(offset, None, find)
 
     def _in_segments(self, offset: int, nothing, fn):
         """``fn(segment, fd, size, sparse index, offset)`` on the segment holding

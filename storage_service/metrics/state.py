@@ -11,15 +11,18 @@
   age of the oldest message the job has not done; 0 when caught up).
 * Per topic, the same summed over the queues this node leads, always.
 
-Cardinality: per-queue series are exported while this node leads at most
-``max_queue_series`` queues (``--metrics-max-queue-series``, default 10,000:
-some 30,000 series, ~3 MB a scrape). Past it every per-queue family is left
-out (all or nothing: a partial set would make sums lie) and
+Cardinality: per-queue series are exported while they would number at most
+``max_queue_series`` (``--metrics-max-queue-series``, default 30,000, ~3 MB a
+scrape): 3 per queue this node leads, one more per consumer group of its
+topic, two more for a tiered or compacted topic. Past it every per-queue
+family is left out (all or nothing: a partial set would make sums lie) and
 ``rmq_metrics_queues_omitted`` says how many queues were not shown; the
 per-topic families still hold every queue. So 100,000 queues on 3 nodes
 (~33,000 led by each) give per-topic series only (topics x ~8), plus the
-omitted count, and a scrape reads no segment (the seconds-behind figures,
-which read one batch header per lagging queue, go with the per-queue ones).
+omitted count, and that scrape reads no segment: the seconds-behind figures
+come with the per-queue series, each from the headers of the batch at the
+job's watermark (``QueueLog.store_ts_at``), remembered until the watermark
+moves.
 """
 from __future__ import annotations
 
@@ -28,13 +31,12 @@ import time
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..protocol import framing
 from ..protocol.placement import META_GROUP
 from ..statemachine.data import queue_dir
 
 __all__ = ["StateCollector", "DEFAULT_MAX_QUEUE_SERIES"]
 
-DEFAULT_MAX_QUEUE_SERIES = 10_000
+DEFAULT_MAX_QUEUE_SERIES = 30_000
 
 
 def _gauge(name, doc, labels=()):
@@ -46,6 +48,7 @@ class StateCollector(Collector):
         self.node = node
         self.max_queue_series = max_queue_series
         self.server = server            # dispatch.AsyncServer: requests running, fetches parked
+        self._ages: dict[tuple[str, int], int] = {}   # (queue dir, watermark) -> its store time (ms)
 
     def collect(self):
         yield from self._node()
@@ -108,23 +111,35 @@ class StateCollector(Collector):
     def _led_queues(self):
         """(topic config, queue, QueueLog or None) of every queue whose data group this node leads."""
         n = self.node
-        led = {g for g, raft in list(n.groups.items()) if g != META_GROUP and raft.is_leader and g in n.states}
+        states = n.states                # one reference: a dropped replica swaps the dict
+        led = {g: states[g] for g, raft in list(n.groups.items())
+               if g != META_GROUP and raft.is_leader and g in states}
         if not led:
             return []
         out = []
         for cfg in n.meta.list_topics():
             name, inc = cfg["name"], cfg["incarnation"]
             for q in range(cfg["queues"]):
-                g = n.group_of(name, q, cfg)
-                if g in led:
-                    out.append((cfg, q, n.states[g].queues.get(queue_dir(name, inc, q))))
+                st = led.get(n.group_of(name, q, cfg))
+                if st is not None:
+                    out.append((cfg, q, st.queues.get(queue_dir(name, inc, q))))
         return out
+
+    def _series_per_queue(self, queues) -> int:
+        """What the per-queue families would hold for ``queues``."""
+        meta, cost = self.node.meta, {}
+        for cfg, _, _ in queues:
+            name = cfg["name"]
+            if name not in cost:
+                job = cfg.get("cleanup_policy") == "compact" or bool(cfg.get("tier"))
+                cost[name] = 3 + len(meta.groups_for(name)) + (2 if job else 0)
+        return sum(cost[cfg["name"]] for cfg, _, _ in queues)
 
     def _queues(self):
         n = self.node
         meta = n.meta
         queues = self._led_queues()
-        per_queue = len(queues) <= self.max_queue_series
+        per_queue = self._series_per_queue(queues) <= self.max_queue_series
         omitted = _gauge("rmq_metrics_queues_omitted", "Queues led here whose per-queue series are not "
                          "exported (more than --metrics-max-queue-series); per-topic series hold them")
         omitted.add_metric([], 0 if per_queue else len(queues))
@@ -155,6 +170,7 @@ class StateCollector(Collector):
                 _gauge(f"rmq_{job}_topic_lag_seconds", "The largest of the topic's per-queue lag in "
                        "seconds (exported with the per-queue series)", t_lab))
         now_ms = time.time() * 1000
+        ages, self._ages = self._ages, {}       # keeps what this scrape used
         by_topic: dict[str, list] = {}
         for cfg, q, ql in queues:
             by_topic.setdefault(cfg["name"], []).append((q, ql))
@@ -168,7 +184,7 @@ class StateCollector(Collector):
             group_lag = dict.fromkeys(committed, 0)
             job_lag, job_secs = 0, 0.0
             for q, ql in items:
-                earliest, latest, nbytes = (ql.earliest, ql.next_offset, ql.size_bytes) if ql else (0, 0, 0)
+                earliest, latest, nbytes = _offsets(ql)
                 msgs += latest - earliest
                 total_latest += latest
                 size += nbytes
@@ -187,7 +203,7 @@ class StateCollector(Collector):
                     behind = max(0, latest - done)
                     job_lag += behind
                     if per_queue:
-                        secs = self._age(ql, done, now_ms) if behind else 0.0
+                        secs = self._age(ql, done, now_ms, ages) if behind else 0.0
                         job_secs = max(job_secs, secs)
                         jobs[job][0].add_metric(lab, behind)
                         jobs[job][1].add_metric(lab, secs)
@@ -212,15 +228,26 @@ class StateCollector(Collector):
                 yield fams[0]
                 yield fams[1]
 
-    @staticmethod
-    def _age(ql, offset: int, now_ms: float) -> float:
+    def _age(self, ql, offset: int, now_ms: float, known: dict) -> float:
         """Seconds since the batch holding ``offset`` was stored (0 if it cannot be read)."""
         if ql is None:
             return 0.0
-        try:
-            data = ql.read_view(offset, 1)
-            if not data:
+        key = (ql.path, offset)
+        ts = known.get(key)
+        if ts is None:
+            try:
+                ts = ql.store_ts_at(offset)
+            except (OSError, ValueError, IndexError):
+                ts = None
+            if ts is None:
                 return 0.0
-            return max(0.0, (now_ms - framing.header_at(data, 0).store_ts) / 1000)
-        except (OSError, ValueError):
-            return 0.0
+        self._ages[key] = ts
+        return max(0.0, (now_ms - ts) / 1000)
+
+
+def _offsets(ql) -> tuple[int, int, int]:
+    """(earliest, latest, bytes) of a queue log, read under its lock (a reset swaps its segments)."""
+    if ql is None:
+        return 0, 0, 0
+    with ql.lock:
+        return ql.earliest, ql.next_offset, ql.size_bytes

@@ -83,9 +83,10 @@ def _parse(argv):
                         "status page; HTTPS with TLS)")
     n.add_argument("--no-metrics", action="store_true",
                    help="count nothing for /metrics (requests, latencies, produced and fetched bytes)")
-    n.add_argument("--metrics-max-queue-series", type=int, default=10_000,
-                   help="export per-queue series while this node leads at most this many queues; past it "
-                        "per-topic series only (default 10000)")
+    n.add_argument("--metrics-max-queue-series", type=int, default=30_000,
+                   help="export per-queue series while they number at most this many (3 per queue this node "
+                        "leads, +1 per consumer group, +2 for a tiered or compacted topic); past it per-topic "
+                        "series only (default 30000)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
     loc.add_argument("--nodes", type=int, default=None, help="default 3 (or what --data-dir holds)")

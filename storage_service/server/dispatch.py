@@ -205,6 +205,16 @@ class AsyncServer:
         except _Abort as e:
             raise CallFailed(e.code, e.details, ctx.trailing) from None
 
+    async def run_in_pool(self, fn, *args):
+        """``fn(*args)`` in the worker pool, counted against ``--max-requests`` as a
+        call is (the HTTP port's own work: /metrics, the status page, JSON); raises
+        ``CallFailed`` RESOURCE_EXHAUSTED past the limit."""
+        ctx = SyncContext()
+        try:
+            return await self._run(lambda _request, _ctx: fn(*args), None, ctx)
+        except _Abort as e:
+            raise CallFailed(e.code, e.details, ctx.trailing) from None
+
     def call_soon(self, coro):
         """Run ``coro`` on the server's loop (from another thread): its concurrent future."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -96,7 +96,7 @@ class NodeConfig:
                                         # user only; rmq-storage node also sets it as its umask)
     http: bool = True                   # serve the HTTP port, gRPC port + 4 (storage_service/http)
     metrics: bool = True                # count requests for /metrics (--no-metrics: off)
-    metrics_max_queue_series: int = 10_000   # per-queue series while this node leads at most this many
+    metrics_max_queue_series: int = 30_000   # per-queue series exported while they number at most this
 
     @property
     def address(self) -> str:

@@ -498,5 +498,5 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx,
                               gate=node.gate, metrics=node.metrics)
     taken |= {produce_address(a) for a in c.addresses}
-    http = _http_server(server, node, taken, None if c.tls is None else server_context(c.tls, False))
+    http = _http_server(server, node, taken, ctx)
     return Servers(server, produce, http)
