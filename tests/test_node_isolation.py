@@ -125,6 +125,7 @@ def test_every_listener_binds_the_node_address_only(running):
         host, port = address.rsplit(":", 1)
         socks = wait_until(lambda: _listening(running.pid(i)), what=f"node {i}'s listeners")
         ports = sorted(p for _, p in socks)
-        # gRPC, the raft port (every group of the node: raft/mux.py), the produce port
-        assert ports == [int(port), int(port) + 1, int(port) + 2], socks
+        # gRPC, the raft port (every group of the node: raft/mux.py), the produce port, HTTP
+        # (the cluster port, + 3, only with TLS)
+        assert ports == [int(port), int(port) + 1, int(port) + 2, int(port) + 4], socks
         assert {a for a, _ in socks} == {host}, socks

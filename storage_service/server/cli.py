@@ -272,11 +272,11 @@ def run_local(args) -> int:
     try:
         cluster.start()
         print(f"endpoints: {cluster.endpoints}", flush=True)
-        print(f"http: {','.join(cluster.http_urls)}  (status page, /metrics, /v1 JSON API)", flush=True)
         if cluster.tls is not None:
             print(f"tls-ca: {cluster.tls.ca}", flush=True)
             print(f"admin-token-file: {cluster.token_file}", flush=True)
             print(f"tls-client-cert: {cluster.tls.cert} (key {cluster.tls.key})", flush=True)
+        print(f"http: {','.join(cluster.http_urls)}  (status page, /metrics, /v1 JSON API)", flush=True)
         print(f"logs and data: {cluster.data_dir}  (Ctrl-C stops all nodes)", flush=True)
         while not stop.wait(0.5):
             for i, p in enumerate(cluster.procs):
