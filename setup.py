@@ -69,7 +69,9 @@ setup(
                  "deltalake>=1.6",
                  # the status page's test drives Debian's chromium (installed by the Makefile)
                  "selenium>=4.20"],
-        "bench": ["nats-py>=2.6"],
+        # the peers of bench/: NATS's Python client, and librdkafka's for the Kafka peer (issue 24;
+        # the scripts install them on first use too)
+        "bench": ["nats-py>=2.6", "confluent-kafka>=2.6"],
         # Notebooks: executed by the test suite (nbclient) and plotted (matplotlib).
         "notebook": ["nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29", "matplotlib>=3.8"],
     },

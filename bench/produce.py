@@ -104,6 +104,10 @@ CLI_VS_BATCHED = "rmq produce (CLI) / batch=100 x 8 queues/call msgs/s"
 TARGET_CLI_SHARE = 0.70
 PORT_VS_GRPC = "8 queues/call: produce port / gRPC msgs/s"
 NATS = "NATS JetStream R3, async publish (nats-py)"
+KAFKA_SHIPPED = "Kafka 4.4 3 brokers, acks=all idempotent, linger 5 ms (shipped)"
+KAFKA_TUNED = "Kafka 4.4 3 brokers, acks=all idempotent, linger 100 ms (tuned)"
+KAFKA_FLUSH = "  the same, log.flush.interval.messages=1 (fsync per append)"
+KAFKA_ROWS = (KAFKA_SHIPPED, KAFKA_TUNED, KAFKA_FLUSH)
 CEILING = "pysyncobj raw replicated append (ceiling)"
 CEILING_FAST = "pysyncobj raw append, rmq wire (ceiling)"
 
@@ -334,6 +338,37 @@ def measure_rmq(args: argparse.Namespace, values: list[bytes], root: str,
         done = {r.name for r in rows}
         rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in RMQ_ROWS if n not in done]
     return sorted(rows, key=lambda r: RMQ_ROWS.index(r.name))
+
+
+def measure_kafka(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    """Kafka (``_kafka.KafkaCluster``, confluent-kafka with acks=all and idempotence) as
+    shipped and tuned, then on a cluster that fsyncs every append (rmq's --fsync always)."""
+    rows: list[Row] = []
+    try:
+        from _kafka import KafkaCluster
+        from _kafka_produce import kafka_latency, kafka_throughput
+        for flush, runs in ((False, ((KAFKA_SHIPPED, 5), (KAFKA_TUNED, 100))), (True, ((KAFKA_FLUSH, 100),))):
+            log.info("starting Kafka (3 brokers, KRaft%s)", ", flush every message" if flush else "")
+            with KafkaCluster(os.path.join(root, "kafka-flush" if flush else "kafka"), flush=flush) as k:
+                k.create_topic(TOPIC, QUEUES)
+                for name, linger in runs:
+                    meter = CpuMeter(k.pids())
+                    meter.start()
+                    rate, errors = kafka_throughput(k.bootstrap, TOPIC, values, QUEUES, args.seconds,
+                                                    args.warmup, linger)
+                    meter.stop()
+                    p50 = p99 = None
+                    if name == KAFKA_SHIPPED or flush:
+                        p50, p99 = percentiles_ms(kafka_latency(k.bootstrap, TOPIC, values, args.seconds))
+                    rows.append(Row(name, rate, p50, p99, f"confluent-kafka, 8 partitions RF 3, min ISR 2"
+                                    + (f"; {errors} errors" if errors else "")
+                                    + ("; p50/p99: one message at a time" if p50 is not None else ""),
+                                    meter.per_msg_us(int(rate * (args.seconds + args.warmup)))))
+    except Exception as e:  # the other rows stand; the error is printed
+        log.exception("Kafka benchmark failed")
+        done = {r.name for r in rows}
+        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in KAFKA_ROWS if n not in done]
+    return rows
 
 
 def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
@@ -636,7 +671,12 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              "batch=100: metrics on / --no-metrics msgs/s": (b100.msgs_per_s, by_name[OFF_B100].msgs_per_s),
              "8 queues/call: metrics on / --no-metrics msgs/s": (b100x8.msgs_per_s,
                                                                  by_name[OFF_B100X8].msgs_per_s),
-             "batch=100: metrics on / off CPU per msg": (b100.cpu_us, by_name[OFF_B100].cpu_us)}
+             "batch=100: metrics on / off CPU per msg": (b100.cpu_us, by_name[OFF_B100].cpu_us),
+             "8 queues/call (fsync on a majority) / Kafka tuned (no fsync)":
+                 (b100x8.msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
+             "8 queues/call / Kafka tuned, fsync per append": (b100x8.msgs_per_s, by_name[KAFKA_FLUSH].msgs_per_s),
+             "batch=100 (1 queue/call) / Kafka tuned (no fsync)": (b100.msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
+             "batch=1: p99 / Kafka one message at a time p99": (b1.p99_ms, by_name[KAFKA_SHIPPED].p99_ms)}
     if SEC_B100 in by_name:
         pairs.update({f"{SEC_B100}: msgs/s / plaintext": (by_name[SEC_B100].msgs_per_s, b100.msgs_per_s),
                       f"{SEC_B100X8}: msgs/s / plaintext (produce port)":
@@ -672,6 +712,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 1 s phases, short warm-up (numbers are rough)")
     p.add_argument("--skip-nats", action="store_true", help="do not run the NATS row")
+    p.add_argument("--skip-kafka", action="store_true", help="do not run the Kafka rows")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     p.add_argument("--threads", type=int, default=8,
                    help="concurrent rmq producer threads (default 8)")
@@ -726,6 +767,12 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], l
             if args.secure and not r % 2:
                 secure = measure_rmq_secure(args, values, sub)
                 settle(os.path.join(sub, "rmq-secure"))
+            if args.skip_kafka:
+                rows += [Row(n, note="skipped (--skip-kafka)") for n in KAFKA_ROWS]
+            else:
+                rows += measure_kafka(args, values, sub)
+                settle(os.path.join(sub, "kafka"))
+                settle(os.path.join(sub, "kafka-flush"))
             if args.skip_nats:
                 rows.append(Row(NATS, note="skipped (--skip-nats)"))
             else:
