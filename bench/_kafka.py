@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import uuid
+
+from _peers import free_ports  # (lives next to this file)
 
 __all__ = ["KafkaCluster", "ensure_confluent_kafka", "kafka_jars"]
 
@@ -60,23 +61,10 @@ def ensure_confluent_kafka() -> str:
     return confluent_kafka.version()[0]
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class KafkaCluster:
     def __init__(self, root: str, brokers: int = 3, flush: bool = False, heap: str = "768m"):
         self.root, self.brokers, self.flush, self.heap = root, brokers, flush, heap
-        ports = _free_ports(2 * brokers)
+        ports = free_ports(2 * brokers)
         self.ports, self.controller_ports = ports[:brokers], ports[brokers:]
         self.procs: list[subprocess.Popen | None] = []
 
