@@ -28,7 +28,7 @@ import uuid
 
 from _peers import free_ports  # (lives next to this file)
 
-__all__ = ["KafkaCluster", "ensure_confluent_kafka", "kafka_jars"]
+__all__ = ["KafkaCluster", "ensure_confluent_kafka", "kafka_jars", "spark_kafka_jars"]
 
 log = logging.getLogger("bench.kafka")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,6 +49,21 @@ def kafka_jars() -> str:
                         f"-DoutputDirectory={JARS}", "-DincludeScope=runtime"], check=True)
         open(stamp, "w").close()
     return os.path.join(JARS, "*")
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka source/sink and what it needs (``kafka/spark-pom.xml``), resolved on
+    the first call: the paths, for ``spark.jars``."""
+    pom = os.path.join(HERE, "kafka", "spark-pom.xml")
+    out = os.path.join(HERE, "kafka", "spark-jars")
+    stamp = os.path.join(out, ".resolved")
+    if not os.path.exists(stamp) or os.path.getmtime(stamp) < os.path.getmtime(pom):
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        subprocess.run(["mvn", "-q", "-B", "-f", pom, "dependency:copy-dependencies",
+                        f"-DoutputDirectory={out}", "-DexcludeTransitive=true"], check=True)
+        open(stamp, "w").close()
+    return sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".jar"))
 
 
 def ensure_confluent_kafka() -> str:
