@@ -1,0 +1,168 @@
+#!/usr/bin/env python
+"""Streaming latency: a message produced every 10 ms -> visible in ``foreachBatch``.
+
+rmq-spark (``format("rocketmq")`` on a 3-node LocalCluster, ``--fsync
+always``) against Apache Kafka 4.4 (3 KRaft brokers, ``bench/_kafka.py``)
+with Spark's own Kafka source, as shipped and tuned (``kafka.fetch.max.wait.ms
+=10``, issue 24). Every query runs with the default trigger (a micro-batch as
+soon as the last one ends) into a ``foreachBatch`` function on the driver.
+A message's latency is the time its batch reached that function minus the
+time its produce call started (acks from all in-sync replicas; rmq: a
+majority, fsynced). The systems take turns ``--rounds`` times, each round on
+fresh clusters; the table shows the median of each round's p50 and p99::
+
+    .venv/bin/python bench/latency.py                    # 30 s a system, 3 rounds
+    .venv/bin/python bench/latency.py --seconds 10 --rounds 1
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(1, os.path.dirname(BENCH_DIR))
+
+log = logging.getLogger("bench.latency")
+RMQ = "rmq-spark 3-node (format rocketmq)"
+KAFKA_SHIPPED = "Kafka 4.4 3 brokers + Spark's Kafka source (shipped)"
+KAFKA_TUNED = "Kafka 4.4 3 brokers + Spark's Kafka source (fetch.max.wait.ms=10)"
+ROWS = (RMQ, KAFKA_SHIPPED, KAFKA_TUNED)
+QUEUES = 4
+
+
+def session():
+    from _kafka import spark_kafka_jars
+    from rmq_spark.spark import delta_jars, session_builder
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return (session_builder("rmq-bench-latency", master="local[2]")
+            .config("spark.jars", ",".join(delta_jars() + spark_kafka_jars()))
+            .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+
+
+class Clock:
+    """Produce times by message number, and the latencies the sink saw."""
+
+    def __init__(self):
+        self.sent: dict[int, float] = {}
+        self.seen: list[float] = []
+        self.lock = threading.Lock()
+
+    def sink(self, df, _batch_id) -> None:
+        now = time.perf_counter()
+        values = [bytes(r.value) for r in df.select("value").collect()]
+        with self.lock:
+            self.seen += [now - self.sent[int(v)] for v in values if int(v) in self.sent]
+
+
+def run(spark, stream, produce, seconds: float, root: str, name: str) -> dict:
+    """Start ``stream`` into the clock's sink, produce every 10 ms for ``seconds``."""
+    clock = Clock()
+    q = (stream.writeStream.foreachBatch(clock.sink)
+         .option("checkpointLocation", os.path.join(root, name.split()[0] + "-ck")).start())
+    try:
+        time.sleep(5)                               # the first micro-batches start the workers
+        i, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            due = start + i * 0.010
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            clock.sent[i] = time.perf_counter()
+            produce(i)
+            i += 1
+        wait = time.monotonic() + 30
+        while len(clock.seen) < i and time.monotonic() < wait:
+            time.sleep(0.1)
+    finally:
+        q.stop()
+    lat = sorted(clock.seen)
+    if not lat:
+        return {"name": name, "messages": 0}
+    pick = lambda p: lat[max(0, int(p * len(lat) + 0.999999) - 1)] * 1e3  # noqa: E731
+    return {"name": name, "messages": len(lat), "sent": i, "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+
+
+def measure_rmq(spark, root: str, seconds: float) -> list[dict]:
+    from rmq_spark.client import Client
+    from storage_service.local import LocalCluster
+    with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
+            Client(cluster.endpoints) as client:
+        client.create_topic("latency", queues=QUEUES)
+        stream = (spark.readStream.format("rocketmq").option("endpoints", cluster.endpoints)
+                  .option("topic", "latency").load())
+        return [run(spark, stream, lambda i: client.produce("latency", [str(i).encode()], queue=i % QUEUES),
+                    seconds, root, RMQ)]
+
+
+def measure_kafka(spark, root: str, seconds: float) -> list[dict]:
+    from _kafka import KafkaCluster
+    from confluent_kafka import Producer
+    out = []
+    with KafkaCluster(os.path.join(root, "kafka")) as k:
+        k.create_topic("latency", QUEUES)
+        p = Producer({"bootstrap.servers": k.bootstrap, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 0})
+
+        def produce(i: int) -> None:
+            p.produce("latency", str(i).encode(), partition=i % QUEUES)
+            p.poll(0)
+        for name, extra in ((KAFKA_SHIPPED, {}), (KAFKA_TUNED, {"kafka.fetch.max.wait.ms": "10"})):
+            reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", k.bootstrap)
+                      .option("subscribe", "latency").option("startingOffsets", "latest"))
+            for key, value in extra.items():
+                reader = reader.option(key, value)
+            out.append(run(spark, reader.load(), produce, seconds, root, name))
+        p.flush(30)
+    return out
+
+
+def main(argv=None) -> int:
+    a = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    a.add_argument("--seconds", type=float, default=30.0, help="producing time per system (default 30)")
+    a.add_argument("--rounds", type=int, default=3)
+    args = a.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    from _kafka import ensure_confluent_kafka
+    ensure_confluent_kafka()
+    spark = session()
+    rounds: list[dict[str, dict]] = []
+    try:
+        for r in range(args.rounds):
+            with tempfile.TemporaryDirectory(prefix="rmq-latency-") as root:
+                order = (measure_rmq, measure_kafka) if r % 2 == 0 else (measure_kafka, measure_rmq)
+                got = {}
+                for measure in order:
+                    log.info("round %d: %s", r + 1, measure.__name__)
+                    for row in measure(spark, root, args.seconds):
+                        got[row["name"]] = row
+                rounds.append(got)
+    finally:
+        spark.stop()
+    print(f"\nstreaming latency, produce -> foreachBatch, a message every 10 ms, default trigger; "
+          f"{args.seconds:g} s a system, {args.rounds} round(s), median of the rounds' figures\n")
+    print(f"| system | p50 ms | p99 ms | messages seen / sent (per round) |\n|---|---:|---:|---|")
+    med = {}
+    for name in ROWS:
+        rows = [rd[name] for rd in rounds if rd.get(name, {}).get("messages")]
+        if not rows:
+            print(f"| {name} | n/a | n/a | |")
+            continue
+        med[name] = (statistics.median(x["p50_ms"] for x in rows), statistics.median(x["p99_ms"] for x in rows))
+        counts = ", ".join(f"{x['messages']}/{x['sent']}" for x in rows)
+        print(f"| {name} | {med[name][0]:.0f} | {med[name][1]:.0f} | {counts} |")
+    if RMQ in med and KAFKA_TUNED in med:
+        print(f"\nrmq / Kafka tuned: p50 {med[RMQ][0] / med[KAFKA_TUNED][0]:.2f}, "
+              f"p99 {med[RMQ][1] / med[KAFKA_TUNED][1]:.2f} (target: <= 1.00 both)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
