@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     args = a.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S",
                         stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)     # (a line per foreachBatch callback)
     from _kafka import ensure_confluent_kafka
     ensure_confluent_kafka()
     spark = session()
