@@ -366,9 +366,24 @@ def measure_kafka(args: argparse.Namespace, values: list[bytes], root: str) -> l
                                     meter.per_msg_us(int(rate * (args.seconds + args.warmup)))))
     except Exception as e:  # the other rows stand; the error is printed
         log.exception("Kafka benchmark failed")
-        done = {r.name for r in rows}
-        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in KAFKA_ROWS if n not in done]
+        return _not_measured(rows, KAFKA_ROWS, e)
     return rows
+
+
+def _rows_2_and_3(args: argparse.Namespace, values: list[bytes], client, cluster, names: tuple[str, str],
+                  note: str, rows: list[Row]) -> None:
+    """Rows 2 (batch=100) and 3 (x 8 queues per call) on ``cluster``, named ``names``."""
+    for name, per_queue in zip(names, (False, True)):
+        rate, cpu = rmq_throughput(client, values, 100, per_queue, args.threads, args.seconds, args.warmup,
+                                   [p.pid for p in cluster.procs if p])
+        p50, p99 = percentiles_ms(rmq_latency(client, values, 100, per_queue, args.seconds))
+        rows.append(Row(name, rate, p50, p99, f"{args.threads} threads; {note}", cpu))
+
+
+def _not_measured(rows: list[Row], names: tuple[str, ...], e: Exception) -> list[Row]:
+    """``rows`` plus an "n/a" row, naming ``e``, for each of ``names`` not measured."""
+    done = {r.name for r in rows}
+    return rows + [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in names if n not in done]
 
 
 def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
@@ -381,15 +396,10 @@ def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: 
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-off"),
                           extra_args=["--no-metrics"]) as cluster, Client(cluster.endpoints) as client:
             client.create_topic(TOPIC, queues=QUEUES)
-            for name, batch, per_queue in ((OFF_B100, 100, False), (OFF_B100X8, 100, True)):
-                rate, cpu = rmq_throughput(client, values, batch, per_queue, args.threads, args.seconds,
-                                           args.warmup, [p.pid for p in cluster.procs if p])
-                p50, p99 = percentiles_ms(rmq_latency(client, values, batch, per_queue, args.seconds))
-                rows.append(Row(name, rate, p50, p99, f"{args.threads} threads; nodes count nothing", cpu))
+            _rows_2_and_3(args, values, client, cluster, OFF_ROWS, "nodes count nothing", rows)
     except Exception as e:  # the other rows stand; the error is printed
         log.exception("--no-metrics rmq-spark benchmark failed")
-        done = {r.name for r in rows}
-        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in OFF_ROWS if n not in done]
+        return _not_measured(rows, OFF_ROWS, e)
     return rows
 
 
@@ -409,17 +419,11 @@ def measure_rmq_secure(args: argparse.Namespace, values: list[bytes], root: str)
                 admin.change_acls(True, [dict(principal="bench", resource_type="topic", name=TOPIC,
                                               operations=["produce"])])
             with Client(cluster.endpoints, tls=ca, token=token) as client:
-                for name, batch, per_queue in ((SEC_B100, 100, False), (SEC_B100X8, 100, True)):
-                    rate, cpu = rmq_throughput(client, values, batch, per_queue, args.threads,
-                                               args.seconds, args.warmup,
-                                               [p.pid for p in cluster.procs if p])
-                    p50, p99 = percentiles_ms(rmq_latency(client, values, batch, per_queue, args.seconds))
-                    rows.append(Row(name, rate, p50, p99, f"{args.threads} threads; TLS 1.3, "
-                                    "principal with produce on the topic", cpu))
+                _rows_2_and_3(args, values, client, cluster, SEC_ROWS,
+                              "TLS 1.3, principal with produce on the topic", rows)
     except Exception as e:  # the plaintext rows stand; the error is printed
         log.exception("secured rmq-spark benchmark failed")
-        done = {r.name for r in rows}
-        rows += [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in SEC_ROWS if n not in done]
+        return _not_measured(rows, SEC_ROWS, e)
     return rows
 
 

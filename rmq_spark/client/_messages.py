@@ -59,17 +59,10 @@ def plain_block(messages: Sequence[MessageLike]) -> bytes:
 def decode_records(topic: str, queue: int, batches: bytes, start: int,
                    limit: int | None = None) -> list[Record]:
     out = []
-    for h, cols in framing.iter_blocks(batches, deep_check=False):
-        if h.last_offset < start:
-            continue
-        for delta, key, value, tags, props, born in records.iter_rows(cols):
-            off = h.base_offset + delta
-            if off < start:
-                continue
-            out.append(Record(topic, queue, off, key, value, tags, props, born, h.store_ts,
-                              msg_id(topic, queue, off)))
-            if limit is not None and len(out) >= limit:
-                return out
+    for off, store_ts, key, value, tags, props, born in framing.iter_records_from(batches, start):
+        out.append(Record(topic, queue, off, key, value, tags, props, born, store_ts, msg_id(topic, queue, off)))
+        if limit is not None and len(out) >= limit:
+            break
     return out
 
 

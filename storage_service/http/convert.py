@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 
 from ..proto import rmq_pb2
-from ..protocol import framing, records
+from ..protocol import framing
 
 __all__ = ["BadRequest", "HTTP_STATUS", "INT32", "INT64", "bytes_json", "message_json", "messages_from_json",
            "parse_message", "records_json", "int_param", "int_value"]
@@ -179,16 +179,10 @@ def _value(f, v):
 def records_json(batches, start: int, limit: int, force_base64: bool = False) -> list[dict]:
     """Records of fetched ``batches`` from offset ``start`` on, at most ``limit``."""
     out = []
-    for h, cols in framing.iter_blocks(batches, deep_check=False):
-        if h.last_offset < start:
-            continue
-        for delta, key, value, tags, props, born in records.iter_rows(cols):
-            off = h.base_offset + delta
-            if off < start:
-                continue
-            out.append({"offset": off, "timestamp": h.store_ts, "born_timestamp": born,
-                        "key": bytes_json(key, force_base64), "value": bytes_json(value, force_base64),
-                        "tags": tags, "properties": props})
-            if len(out) >= limit:
-                return out
+    for off, store_ts, key, value, tags, props, born in framing.iter_records_from(batches, start):
+        out.append({"offset": off, "timestamp": store_ts, "born_timestamp": born,
+                    "key": bytes_json(key, force_base64), "value": bytes_json(value, force_base64),
+                    "tags": tags, "properties": props})
+        if len(out) >= limit:
+            break
     return out

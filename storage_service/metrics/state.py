@@ -171,11 +171,10 @@ class StateCollector(Collector):
                        "seconds (exported with the per-queue series)", t_lab))
         now_ms = time.time() * 1000
         ages, self._ages = self._ages, {}       # keeps what this scrape used
-        by_topic: dict[str, list] = {}
+        by_topic: dict[str, tuple[dict, list]] = {}
         for cfg, q, ql in queues:
-            by_topic.setdefault(cfg["name"], []).append((q, ql))
-        for topic, items in by_topic.items():
-            cfg = meta.topic(topic) or {}
+            by_topic.setdefault(cfg["name"], (cfg, []))[1].append((q, ql))
+        for topic, (cfg, items) in by_topic.items():
             committed = {g: meta.committed(g, topic) for g in meta.groups_for(topic)}
             job = ("compaction" if cfg.get("cleanup_policy") == "compact" else
                    "tiering" if cfg.get("tier") else None)

@@ -22,7 +22,7 @@ import crc32c
 
 from . import records
 
-__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts",
+__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts", "iter_records_from",
            "header_at", "iter_batches", "iter_blocks", "next_offset", "records_of", "records_start",
            "scan_valid_prefix"]
 
@@ -164,3 +164,15 @@ def iter_blocks(buf: bytes | memoryview,
         except ValueError as e:
             raise CorruptBatch(h.position, str(e)) from None
         yield h, cols
+
+
+def iter_records_from(buf: bytes | memoryview, start: int):
+    """(offset, store_ts, key, value, tags, properties, born_ts) of every record in
+    ``buf`` (batches the service stored) at or after offset ``start``, in order."""
+    for h, cols in iter_blocks(buf, deep_check=False):
+        if h.last_offset < start:
+            continue
+        for delta, key, value, tags, props, born in records.iter_rows(cols):
+            off = h.base_offset + delta
+            if off >= start:
+                yield off, h.store_ts, key, value, tags, props, born
