@@ -33,6 +33,9 @@ RMQ = "rmq-spark 3-node (format rocketmq)"
 KAFKA_SHIPPED = "Kafka 4.4 3 brokers + Spark's Kafka source (shipped)"
 KAFKA_TUNED = "Kafka 4.4 3 brokers + Spark's Kafka source (fetch.max.wait.ms=10)"
 ROWS = (RMQ, KAFKA_SHIPPED, KAFKA_TUNED)
+# Spark's StreamingQueryProgress.durationMs parts of a micro-batch, in the order they run.
+PHASES = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets",
+          "triggerExecution")
 QUEUES = 4
 
 
@@ -52,6 +55,7 @@ class Clock:
     def __init__(self):
         self.sent: dict[int, float] = {}
         self.seen: list[float] = []
+        self.warm = threading.Event()
         self.lock = threading.Lock()
 
     def sink(self, df, _batch_id) -> None:
@@ -59,15 +63,27 @@ class Clock:
         values = [bytes(r.value) for r in df.select("value").collect()]
         with self.lock:
             self.seen += [now - self.sent[int(v)] for v in values if int(v) in self.sent]
+        if any(int(v) < 0 for v in values):
+            self.warm.set()
 
 
 def run(spark, stream, produce, seconds: float, root: str, name: str) -> dict:
     """Start ``stream`` into the clock's sink, produce every 10 ms for ``seconds``."""
     clock = Clock()
     q = (stream.writeStream.foreachBatch(clock.sink)
-         .option("checkpointLocation", os.path.join(root, name.split()[0] + "-ck")).start())
+         .option("checkpointLocation", os.path.join(root, f"ck-{ROWS.index(name)}")).start())
     try:
-        time.sleep(5)                               # the first micro-batches start the workers
+        # Warm up: the first batch with rows starts Spark's workers (for a Python
+        # source its Python worker, about a second); latency is measured after it.
+        # (The query picks its "latest" start in its first trigger: send until one arrives.)
+        w, give_up = 0, time.monotonic() + 60
+        while not clock.warm.wait(0.2):
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{name}: no warm-up message arrived within 60 s")
+            w += 1
+            produce(-w)
+        time.sleep(2)
+        first_batch = q.lastProgress["batchId"] + 1 if q.lastProgress else 0
         i, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
             due = start + i * 0.010
@@ -85,8 +101,12 @@ def run(spark, stream, produce, seconds: float, root: str, name: str) -> dict:
     lat = sorted(clock.seen)
     if not lat:
         return {"name": name, "messages": 0}
+    measured = [p["durationMs"] for p in q.recentProgress
+                if p["batchId"] >= first_batch and p["numInputRows"] > 0]
+    phases = {k: statistics.median(d.get(k, 0) for d in measured) for k in PHASES} if measured else {}
     pick = lambda p: lat[max(0, int(p * len(lat) + 0.999999) - 1)] * 1e3  # noqa: E731
-    return {"name": name, "messages": len(lat), "sent": i, "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+    return {"name": name, "messages": len(lat), "sent": i, "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+            "phases": phases}
 
 
 def measure_rmq(spark, root: str, seconds: float) -> list[dict]:
@@ -159,6 +179,14 @@ def main(argv=None) -> int:
         med[name] = (statistics.median(x["p50_ms"] for x in rows), statistics.median(x["p99_ms"] for x in rows))
         counts = ", ".join(f"{x['messages']}/{x['sent']}" for x in rows)
         print(f"| {name} | {med[name][0]:.0f} | {med[name][1]:.0f} | {counts} |")
+    print("\nwhere a micro-batch's time goes: Spark's durationMs per phase, median over the "
+          "measured batches with rows, median of the rounds (ms)\n")
+    print("| system | " + " | ".join(PHASES) + " |\n|---|" + "---:|" * len(PHASES))
+    for name in ROWS:
+        rows = [rd[name]["phases"] for rd in rounds if rd.get(name, {}).get("phases")]
+        if rows:
+            cells = " | ".join(f"{statistics.median(x[k] for x in rows):.0f}" for k in PHASES)
+            print(f"| {name} | {cells} |")
     if RMQ in med and KAFKA_TUNED in med:
         print(f"\nrmq / Kafka tuned: p50 {med[RMQ][0] / med[KAFKA_TUNED][0]:.2f}, "
               f"p99 {med[RMQ][1] / med[KAFKA_TUNED][1]:.2f} (target: <= 1.00 both)")

@@ -37,7 +37,7 @@ class BatchReader(DataSourceReader):
                 a, h = self._range(state, start, end, t, q)
                 archived += a
                 hot += [h] if h is not None else []
-        return archived + _planning.split_ranges(hot, self.opts.min_partitions)
+        return archived + _planning.plan_hot(hot, self.opts.min_partitions, self.opts.pack_records)
 
     def _range(self, state: _planning.State, start: dict, end: dict, topic: str,
                queue: int) -> tuple[list[_planning.ArchiveRange], QueueRange | None]:

@@ -29,7 +29,7 @@ READ_OPTIONS = (
     "endpoints", *SUBSCRIPTION_OPTIONS, "includeHeaders", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "failOnDataLoss", "minPartitions", "readFrom", "tags", "consumerGroup",
+    "maxTriggerDelay", "failOnDataLoss", "minPartitions", "packRecordsPerTask", "readFrom", "tags", "consumerGroup",
     "maxBytesPerFetch", "readArchive", "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
     "tokenFile")
 WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
@@ -41,6 +41,7 @@ DEFAULT_FETCH_BYTES = 8 << 20
 MAX_FETCH_BYTES = 64 << 20
 MIN_FETCH_BYTES = 64 << 10
 DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000
+DEFAULT_PACK_RECORDS = 16_384
 _ASSIGN_EG = '{"topicA": [0, 1], "topicB": [2]}'
 
 
@@ -273,6 +274,7 @@ class ReadOptions:
     max_trigger_delay_ms: int = DEFAULT_TRIGGER_DELAY_MS
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
+    pack_records: int = DEFAULT_PACK_RECORDS
     read_from: str = "leader"
     tags: str = ""
     consumer_group: str | None = None
@@ -292,6 +294,7 @@ class ReadOptions:
             "maxTriggerDelay": ("max_trigger_delay_ms", _duration_ms),
             "failOnDataLoss": ("fail_on_data_loss", _bool),
             "minPartitions": ("min_partitions", lambda n, v: _int(n, v, 1)),
+            "packRecordsPerTask": ("pack_records", lambda n, v: _int(n, v, 0)),
             "readFrom": ("read_from", lambda n, v: _choice(n, v, ("leader", "follower"))),
             "tags": ("tags", _tags),
             "consumerGroup": ("consumer_group", _nonempty),

@@ -21,7 +21,7 @@ from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
 
-__all__ = ["QueueRange", "ArchiveRange", "QueueView", "subscribed_topics", "subscribed_state",
+__all__ = ["QueueRange", "QueueRanges", "ArchiveRange", "QueueView", "plan_hot", "subscribed_topics", "subscribed_state",
            "queue_state", "resolve", "split_ranges", "cap_by_backlog", "report_data_loss",
            "State"]
 
@@ -35,6 +35,12 @@ class QueueRange(InputPartition):
     queue: int
     start: int
     end: int
+
+
+@dataclass(frozen=True)
+class QueueRanges(InputPartition):
+    """Several small ``QueueRange``s one task reads together (``packRecordsPerTask``)."""
+    ranges: tuple[QueueRange, ...]
 
 
 @dataclass(frozen=True)
@@ -187,6 +193,39 @@ def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[Q
         parts = max(1, min(size, math.ceil(size / total * min_partitions)))
         cuts = [r.start + size * i // parts for i in range(parts + 1)]
         out.extend(QueueRange(r.topic, r.queue, a, b) for a, b in zip(cuts, cuts[1:]) if b > a)
+    return out
+
+
+def plan_hot(ranges: list[QueueRange], min_partitions: int | None,
+             pack: int) -> list[QueueRange | QueueRanges]:
+    """The hot-log tasks of a read: ``split_ranges``, then small ranges packed together.
+
+    A Spark task of a Python data source costs tens of milliseconds before it
+    reads a byte (a Python worker round trip, the pickled reader, an Arrow
+    stream each way), and a micro-batch of a few records per queue spent most
+    of its time there, in waves of ``cores`` tasks. Ranges of fewer than
+    ``pack`` records go into as few tasks as fit ``pack`` records each, in
+    queue order; larger ranges keep a task each. ``minPartitions`` asks for
+    parallelism, so it turns packing off, as does ``pack`` 0.
+    """
+    ranges = split_ranges(ranges, min_partitions)
+    if min_partitions or not pack:
+        return list(ranges)
+    out: list[QueueRange | QueueRanges] = []
+    bin_: list[QueueRange] = []
+    size = 0
+    for r in ranges:
+        n = r.end - r.start
+        if n >= pack:
+            out.append(r)
+            continue
+        if bin_ and size + n > pack:
+            out.append(bin_[0] if len(bin_) == 1 else QueueRanges(tuple(bin_)))
+            bin_, size = [], 0
+        bin_.append(r)
+        size += n
+    if bin_:
+        out.append(bin_[0] if len(bin_) == 1 else QueueRanges(tuple(bin_)))
     return out
 
 

@@ -1,8 +1,10 @@
-"""Executor side of a read: one ``QueueRange`` -> Arrow RecordBatches.
+"""Executor side of a read: a ``QueueRange`` (or several) -> Arrow RecordBatches.
 
 Fetches are pipelined: while Spark consumes one batch, the next fetch (up to
-``maxBytesPerFetch`` bytes) is already in flight on a helper thread. Batches
-come from ``Client.fetch_arrow`` column by column; no per-message Python.
+``maxBytesPerFetch`` bytes) is already in flight on a helper thread. A task
+of packed small ranges (``QueueRanges``) starts the first fetch of every
+range at once. Batches come from ``Client.fetch_arrow`` column by column; no
+per-message Python.
 """
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.tags import parse_tag_expression
 
 from ._options import ReadOptions
-from ._planning import ArchiveRange, QueueRange, report_data_loss
+from ._planning import ArchiveRange, QueueRange, QueueRanges, report_data_loss
 
-__all__ = ["read_range", "read_archive", "read_partition"]
+__all__ = ["read_ranges", "read_archive", "read_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,9 @@ def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
     if isinstance(part, ArchiveRange):
         batches = read_archive(opts, part)
     elif isinstance(part, QueueRange):
-        batches = read_range(opts, part)
+        batches = read_ranges(opts, (part,))
+    elif isinstance(part, QueueRanges):
+        batches = read_ranges(opts, part.ranges)
     else:
         return iter(())
     return map(with_headers, batches) if opts.include_headers else batches
@@ -153,18 +157,22 @@ def worker_client(endpoints: str, tls: TlsFiles | None = None, token: str | None
         return client
 
 
-def read_range(opts: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``part`` as Arrow RecordBatches, one per fetch."""
+PREFETCH_THREADS = 8
+
+
+def read_ranges(opts: ReadOptions, parts: tuple[QueueRange, ...]) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``parts``, range after range, as Arrow RecordBatches, one per fetch."""
     reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
     client = worker_client(opts.endpoints, opts.tls, opts.token)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="rmq-prefetch")
+    pool = ThreadPoolExecutor(min(len(parts), PREFETCH_THREADS), thread_name_prefix="rmq-prefetch")
     try:
-        fetcher = _Fetcher(client, opts, part)
-        pending: Future | None = pool.submit(fetcher.fetch, part.start)
-        while pending is not None:
-            rb, nxt = pending.result()
-            pending = pool.submit(fetcher.fetch, nxt) if nxt < part.end else None
-            if rb.num_rows:
-                yield rb
+        fetchers = [_Fetcher(client, opts, p) for p in parts]
+        firsts = [pool.submit(f.fetch, f.part.start) for f in fetchers]
+        for fetcher, pending in zip(fetchers, firsts):
+            while pending is not None:
+                rb, nxt = pending.result()
+                pending = pool.submit(fetcher.fetch, nxt) if nxt < fetcher.part.end else None
+                if rb.num_rows:
+                    yield rb
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

@@ -50,6 +50,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._last_batch: float | None = None          # monotonic time of the last admitted batch
         self._latest: _offsets.Positions | None = None  # for reportLatestOffset
         self._committed: _offsets.Positions | None = None  # last consumer-group commit
+        self._initial: dict | None = None                  # initialOffset, once resolved
+        # The end latestOffset last returned and the queue state it saw: Spark plans
+        # that batch next, and partitions() need not ask the service again.
+        self._planned: tuple[_offsets.Positions, _planning.State] | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_client": None}
@@ -64,8 +68,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ----------------------------------------------------------- offsets
     def initialOffset(self) -> dict:
-        start = _planning.resolve(self._c(), self.opts.starting, self._state(), "latest")
-        return _offsets.to_spark(start)
+        # Spark asks more than once as a new query starts, and plans batch 0 from
+        # the last answer with an end chosen after an earlier one: resolved again,
+        # "latest" could pass that end (a spurious data-loss error). One answer.
+        if self._initial is None:
+            start = _planning.resolve(self._c(), self.opts.starting, self._state(), "latest")
+            self._initial = _offsets.to_spark(start)
+        return self._initial
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {k: o.latest for k, o in self._flat_state(self._state()).items()}
@@ -88,7 +97,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # which Spark calls late, when the next batch starts) keeps lag current.
         self._commit_group(_offsets.from_spark(start))
         begin = _flat(_offsets.from_spark(start))
-        state = self._flat_state(self._state())
+        views = self._state()
+        state = self._flat_state(views)
         self._latest = _nest({k: o.latest for k, o in state.items()})
         first, avail = self._available(begin, state)
         if not self._admit(first, avail, limit):
@@ -99,6 +109,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = avail
         if end != begin:
             self._last_batch = time.monotonic()
+        self._planned = (_nest(end), views)
         return _offsets.to_spark(_nest(end))
 
     def _available(self, begin: dict[Key, int], state: dict) -> tuple[dict, dict]:
@@ -141,7 +152,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # ---------------------------------------------------------- planning
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         s_pos, e_pos = _offsets.from_spark(start), _offsets.from_spark(end)
-        state = _planning.queue_state(self._c(), sorted(e_pos), self.opts.read_archive)
+        state = self._state_for(e_pos)
         archived, hot = [], []
         for t in sorted(e_pos):
             for q in sorted(e_pos[t]):
@@ -153,7 +164,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 a, h = _archive_hot.plan(self.opts, t, o, s, e)
                 archived += a
                 hot += [h] if h is not None else []
-        return archived + _planning.split_ranges(hot, self.opts.min_partitions)
+        return archived + _planning.plan_hot(hot, self.opts.min_partitions, self.opts.pack_records)
+
+    def _state_for(self, end: _offsets.Positions) -> _planning.State:
+        """The queue state latestOffset saw when it chose ``end`` (the usual case),
+        or fresh from the service (a batch replayed from the offset log on restart)."""
+        if self._planned is not None and self._planned[0] == end:
+            views = self._planned[1]
+            if all(t in views for t in end):
+                return views
+        return _planning.queue_state(self._c(), sorted(end), self.opts.read_archive)
 
     def _checked_start(self, topic: str, queue: int, s: int | None, e: int, o) -> int:
         """Where the range really starts, after data-loss checks."""

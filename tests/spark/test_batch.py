@@ -12,7 +12,8 @@ from pyspark.sql.utils import AnalysisException
 import rmq_spark
 from rmq_spark.datasource._batch_reader import BatchReader
 from rmq_spark.datasource._options import ReadOptions
-from rmq_spark.datasource._read import read_range
+from rmq_spark.datasource._planning import QueueRanges
+from rmq_spark.datasource._read import read_partition
 from tests.conftest import wait_until
 
 from ._helpers import produce, reader, retained_topic, values
@@ -66,8 +67,27 @@ def test_batch_read_is_a_snapshot_planned_once(client, endpoints, topic):
     r = BatchReader(ReadOptions.from_options({"endpoints": endpoints, "topic": topic}))
     parts = r.partitions()
     produce(client, topic, 20, start=20)               # arrives after planning
-    rows = sum(b.num_rows for p in parts for b in read_range(r.opts, p))
-    assert rows == 20 and sum(p.end - p.start for p in parts) == 20
+    rows = sum(b.num_rows for p in parts for b in read_partition(r.opts, p))
+    assert rows == 20 and sum(q.end - q.start for q in _ranges(parts)) == 20
+
+
+def _ranges(parts):
+    return [q for p in parts for q in (p.ranges if isinstance(p, QueueRanges) else (p,))]
+
+
+def test_small_ranges_share_a_task_and_keep_queue_order(spark, client, endpoints, topic):
+    produce(client, topic, 400)                        # 100 per queue
+    packed = reader(spark, endpoints, topic)
+    assert packed.rdd.getNumPartitions() == 1          # 400 records < packRecordsPerTask
+    apart = reader(spark, endpoints, topic, packRecordsPerTask=0)
+    assert apart.rdd.getNumPartitions() == 4           # a task a queue
+    two = reader(spark, endpoints, topic, packRecordsPerTask=250)
+    assert two.rdd.getNumPartitions() == 2
+    for df in (packed, apart, two):
+        rows = df.select("queue", "offset").collect()
+        assert len(rows) == 400
+        for q in range(4):
+            assert [r.offset for r in rows if r.queue == q] == list(range(100))
 
 
 def test_starting_and_ending_offsets_json(spark, client, endpoints, topic):

@@ -12,7 +12,7 @@ from rmq_spark.datasource import OptionError
 from rmq_spark.datasource._encode import encode_block, normalize_columns
 from rmq_spark.datasource._offsets import dumps, from_spark, parse_json, to_spark
 from rmq_spark.datasource._options import ReadOptions, WriteOptions
-from rmq_spark.datasource._planning import QueueRange, cap_by_backlog, split_ranges
+from rmq_spark.datasource._planning import QueueRange, QueueRanges, cap_by_backlog, plan_hot, split_ranges
 from storage_service.protocol import records
 
 pytestmark = pytest.mark.unit
@@ -62,6 +62,7 @@ def test_read_options_parse_types_and_defaults():
     ({"startingOffsets": '{"other": {"0": 1}}'}, "startingOffsets", "not subscribed"),
     ({"maxBytesPerFetch": str(1 << 30)}, "maxBytesPerFetch", "<= 67108864"),
     ({"localReads": "auto"}, "localReads", "true or false"),
+    ({"packRecordsPerTask": "-1"}, "packRecordsPerTask", "integer >= 0"),
     ({"endpoints": "nohostport"}, "endpoints", "not host:port"),
 ])
 def test_read_options_errors_name_option_and_allowed_values(extra, option, needle):
@@ -105,6 +106,17 @@ def test_split_ranges_reaches_min_partitions():
         mine = sorted((p.start, p.end) for p in parts if p.queue == q)
         assert mine[0][0] == 0 and all(a[1] == b[0] for a, b in zip(mine, mine[1:]))
         assert mine[-1][1] == ranges[q].end
+
+
+def test_plan_hot_packs_small_ranges_in_queue_order():
+    small = [QueueRange("t", q, 0, 30) for q in range(4)]
+    big = QueueRange("t", 4, 0, 500)
+    # Small ranges share tasks of at most 100 records, in order; the big one keeps its own.
+    assert plan_hot(small + [big, QueueRange("t", 5, 7, 7)], None, 100) == [
+        QueueRanges(tuple(small[:3])), big, small[3]]
+    assert plan_hot(small, None, 0) == small                  # 0: a task per range
+    assert len(plan_hot(small, 8, 100)) >= 8                   # minPartitions: no packing
+    assert plan_hot([], None, 100) == []
 
 
 def test_encode_block_matches_the_service_codec():

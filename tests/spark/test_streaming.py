@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,6 +40,50 @@ def test_available_now_drains_backlog_in_bounded_batches(spark, client, endpoint
     again = Batches()
     run_available_now(df, tmp_path / "ck", again)
     assert sorted(again.all()) == sorted(late)
+
+
+def test_latest_start_while_producing_reads_a_gapless_suffix(spark, client, endpoints, topic,
+                                                             tmp_path):
+    # Spark asks a new query's initial offset more than once; "latest" moving in
+    # between once made batch 0 end before it started (a spurious data-loss error).
+    stop, sent = threading.Event(), [0, 0, 0, 0]
+
+    def keep_producing():
+        i = 0
+        while not stop.is_set():
+            client.produce(topic, [f"p-{i}".encode()], queue=i % 4)
+            sent[i % 4] += 1
+            i += 1
+            time.sleep(0.002)
+
+    by_batch: dict[int, list] = {}
+
+    def sink(df, batch_id):
+        by_batch[batch_id] = [(r.queue, r.offset) for r in df.select("queue", "offset").collect()]
+
+    producer = threading.Thread(target=keep_producing)
+    producer.start()
+    q = None
+    try:
+        time.sleep(0.3)
+        q = (reader(spark, endpoints, topic, stream=True).writeStream.foreachBatch(sink)
+             .option("checkpointLocation", str(tmp_path / "ck")).start())
+        wait_until(lambda: len(by_batch) >= 3 or q.exception() is not None, timeout=120,
+                   what="three micro-batches")
+    finally:
+        stop.set()
+        producer.join()
+    try:
+        assert q.exception() is None, q.exception()
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    rows = [r for i in sorted(by_batch) for r in by_batch[i]]
+    assert len(rows) == len(set(rows)) > 0
+    for queue in range(4):
+        offsets = sorted(o for q_, o in rows if q_ == queue)
+        # From wherever the query started to the last message sent, every offset once.
+        assert offsets == list(range(offsets[0], sent[queue])), queue
 
 
 def test_restart_mid_stream_loses_and_duplicates_nothing(spark, client, endpoints, topic, tmp_path):
