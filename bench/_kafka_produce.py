@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 
-__all__ = ["kafka_latency", "kafka_throughput"]
+__all__ = ["kafka_fill", "kafka_latency", "kafka_throughput"]
 
 
 def _producer(bootstrap: str, linger_ms: int, topic: str, partitions: int):
@@ -86,3 +86,32 @@ def kafka_latency(bootstrap: str, topic: str, values: list[bytes], seconds: floa
             out.append(time.perf_counter() - t)
         i += 1
     return out
+
+
+def kafka_fill(bootstrap: str, topic: str, batches, partitions: int) -> int:
+    """Produce every value of ``batches`` (lists of values, partition round-robin per
+    message) with a 100 ms linger, wait for every report; the count, or raise."""
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 100, "batch.size": 1 << 20, "compression.type": "none",
+                  "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20})
+    errors: list = []
+    sent = 0
+
+    def report(err, _msg) -> None:
+        if err is not None:
+            errors.append(err)
+
+    for values in batches:
+        for v in values:
+            while True:
+                try:
+                    p.produce(topic, v, partition=sent % partitions, on_delivery=report)
+                    break
+                except BufferError:          # the local queue is full: wait for reports
+                    p.poll(0.05)
+            sent += 1
+        p.poll(0)
+    if p.flush(300) != 0 or errors:
+        raise RuntimeError(f"Kafka fill of {topic}: {len(errors)} delivery errors, first {errors[:1]}")
+    return sent

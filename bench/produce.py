@@ -95,6 +95,9 @@ RMQ_ROWS = (RMQ_B1, RMQ_B100, RMQ_HTTP_B100, RMQ_B100X8, RMQ_B100X8_GRPC, RMQ_CL
 OFF_B100 = "rmq-spark --no-metrics, batch=100"
 OFF_B100X8 = "rmq-spark --no-metrics, batch=100 x 8 queues/call"
 OFF_ROWS = (OFF_B100, OFF_B100X8)
+NOSYNC_B100 = "rmq-spark --fsync none, batch=100"
+NOSYNC_B100X8 = "rmq-spark --fsync none, batch=100 x 8 queues/call"
+NOSYNC_ROWS = (NOSYNC_B100, NOSYNC_B100X8)
 TARGET_METRICS = 0.95
 SEC_B100 = "rmq-spark TLS + token, batch=100"
 SEC_B100X8 = "rmq-spark TLS + token, batch=100 x 8 queues/call"
@@ -386,21 +389,33 @@ def _not_measured(rows: list[Row], names: tuple[str, ...], e: Exception) -> list
     return rows + [Row(n, note=f"n/a: {type(e).__name__}: {e}"[:200]) for n in names if n not in done]
 
 
-def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
-    """Rows 2 and 3 on a cluster whose nodes count nothing (``--no-metrics``)."""
+def measure_rmq_variant(args: argparse.Namespace, values: list[bytes], root: str, names: tuple[str, str],
+                        what: str, note: str, **cluster_args) -> list[Row]:
+    """Rows 2 and 3 on a cluster made with ``cluster_args`` (``--no-metrics``: nodes
+    count nothing; ``fsync="none"``: acks before any fsync, as Kafka's default)."""
     from rmq_spark.client import Client
     from storage_service.local import LocalCluster
     rows: list[Row] = []
-    log.info("starting an rmq-spark LocalCluster with --no-metrics (3 nodes, 4 groups)")
+    log.info("starting an rmq-spark LocalCluster with %s (3 nodes, 4 groups)", what)
     try:
-        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-off"),
-                          extra_args=["--no-metrics"]) as cluster, Client(cluster.endpoints) as client:
+        with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq-variant"),
+                          **cluster_args) as cluster, Client(cluster.endpoints) as client:
             client.create_topic(TOPIC, queues=QUEUES)
-            _rows_2_and_3(args, values, client, cluster, OFF_ROWS, "nodes count nothing", rows)
+            _rows_2_and_3(args, values, client, cluster, names, note, rows)
     except Exception as e:  # the other rows stand; the error is printed
-        log.exception("--no-metrics rmq-spark benchmark failed")
-        return _not_measured(rows, OFF_ROWS, e)
+        log.exception("rmq-spark benchmark with %s failed", what)
+        return _not_measured(rows, names, e)
     return rows
+
+
+def measure_rmq_no_metrics(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    return measure_rmq_variant(args, values, root, OFF_ROWS, "--no-metrics", "nodes count nothing",
+                               extra_args=["--no-metrics"])
+
+
+def measure_rmq_no_fsync(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
+    return measure_rmq_variant(args, values, root, NOSYNC_ROWS, "--fsync none",
+                               "acked when on a majority, before fsync (Kafka's default)", fsync="none")
 
 
 def measure_rmq_secure(args: argparse.Namespace, values: list[bytes], root: str) -> list[Row]:
@@ -639,6 +654,11 @@ def evaluate_targets(by_name: dict[str, Row]) -> list[dict[str, Any]]:
             (f"batched produce ({how}) >= {TARGET_X_NATS:g}x NATS JetStream nats-py publish rate",
              x_nats, ".2f", lambda v: v >= TARGET_X_NATS),
         ]
+    for ours, kafka, how in ((NOSYNC_B100X8, KAFKA_TUNED, "--fsync none (ack before fsync, as Kafka)"),
+                             (RMQ_B100X8, KAFKA_FLUSH, "fsync on a majority vs Kafka fsyncing every append")):
+        a, b = by_name[ours].msgs_per_s, by_name[kafka].msgs_per_s
+        checks.append((f"8 queues/call, {how} >= Kafka tuned", a / b if a is not None and b else None,
+                       ".2f", lambda v: v >= 1.0))
     cli, b100x8 = by_name[RMQ_CLI], by_name[RMQ_B100X8]
     share = (cli.msgs_per_s / b100x8.msgs_per_s if cli.msgs_per_s is not None and b100x8.msgs_per_s
              else None)
@@ -676,10 +696,14 @@ def ratios(by_name: dict[str, Row]) -> dict[str, float | None]:
              "8 queues/call: metrics on / --no-metrics msgs/s": (b100x8.msgs_per_s,
                                                                  by_name[OFF_B100X8].msgs_per_s),
              "batch=100: metrics on / off CPU per msg": (b100.cpu_us, by_name[OFF_B100].cpu_us),
+             "8 queues/call, --fsync none / Kafka tuned (neither fsyncs before the ack)":
+                 (by_name[NOSYNC_B100X8].msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
+             "8 queues/call (fsync on a majority) / Kafka tuned, fsync per append":
+                 (b100x8.msgs_per_s, by_name[KAFKA_FLUSH].msgs_per_s),
              "8 queues/call (fsync on a majority) / Kafka tuned (no fsync)":
                  (b100x8.msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
-             "8 queues/call / Kafka tuned, fsync per append": (b100x8.msgs_per_s, by_name[KAFKA_FLUSH].msgs_per_s),
-             "batch=100 (1 queue/call) / Kafka tuned (no fsync)": (b100.msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
+             "batch=100 (1 queue/call), --fsync none / Kafka tuned":
+                 (by_name[NOSYNC_B100].msgs_per_s, by_name[KAFKA_TUNED].msgs_per_s),
              "batch=1: p99 / Kafka one message at a time p99": (b1.p99_ms, by_name[KAFKA_SHIPPED].p99_ms)}
     if SEC_B100 in by_name:
         pairs.update({f"{SEC_B100}: msgs/s / plaintext": (by_name[SEC_B100].msgs_per_s, b100.msgs_per_s),
@@ -758,16 +782,19 @@ def run_all(args: argparse.Namespace, env: dict[str, Any]) -> tuple[list[Row], l
             if args.secure and r % 2:               # the two clusters' order alternates by round
                 secure = measure_rmq_secure(args, values, sub)
                 settle(os.path.join(sub, "rmq-secure"))
-            off: list[Row] = []
-            if r % 2:                               # metrics on and off: order alternating by round
-                off = measure_rmq_no_metrics(args, values, sub)
-                settle(os.path.join(sub, "rmq-off"))
+            off: list[Row] = []                     # the variants' order alternates by round
+            variants = (measure_rmq_no_metrics, measure_rmq_no_fsync)
+            if r % 2:
+                for measure in variants:
+                    off += measure(args, values, sub)
+                    settle(os.path.join(sub, "rmq-variant"))
             rows = measure_rmq(args, values, os.path.join(sub, "rmq"), grpc_first=bool(r % 2))
             settle(os.path.join(sub, "rmq"))
             if not r % 2:
-                off = measure_rmq_no_metrics(args, values, sub)
-                settle(os.path.join(sub, "rmq-off"))
-            rows += off
+                for measure in reversed(variants):
+                    off += measure(args, values, sub)
+                    settle(os.path.join(sub, "rmq-variant"))
+            rows += sorted(off, key=lambda row: (OFF_ROWS + NOSYNC_ROWS).index(row.name))
             if args.secure and not r % 2:
                 secure = measure_rmq_secure(args, values, sub)
                 settle(os.path.join(sub, "rmq-secure"))

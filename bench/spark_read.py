@@ -21,6 +21,11 @@ Spark's ``noop`` sink (every column materialized, nothing written):
 3. An in-memory Python data source that yields ready-made Arrow batches of
    the same schema (one real fetched batch, repeated): what any Python data
    source can reach through Spark's API; the ceiling for (1).
+4. Apache Kafka 4.4 (3 KRaft brokers on loopback, ``_kafka.py``) holding the
+   same messages in a topic of 8 partitions, read with Spark's own Kafka
+   source (``spark-sql-kafka-0-10`` 4.2.0) as shipped and with
+   ``kafka.fetch.max.wait.ms=10`` (issue 24's "tuned"). ``--skip-kafka`` leaves
+   it out.
 
 With ``--secure`` a second cluster made by ``LocalCluster(secure=True)`` (TLS
 on every port, ACLs on) holds the same messages, and the rocketmq reads run
@@ -30,8 +35,10 @@ token in the ``token`` option: ``TLS + token`` rows, in the same alternation.
 Then end-to-end streaming latency: one message every 20 ms, produce call ->
 visible in a ``foreachBatch`` function, p50/p99.
 
-The four reads of a size run in turn (one warm-up each, then ``--repeats``
-rounds), so on a shared machine all see the same load. Rates are medians;
+The reads of a size run in turn (one warm-up each, then ``--repeats``
+rounds), so on a shared machine all see the same load. Rates are medians,
+with the lowest and highest round; "vs Kafka tuned" compares medians, and
+the targets compare each round with the same round's Kafka tuned read.
 MB = 10^6 bytes of message values. Progress goes to stderr, the table to stdout.
 """
 from __future__ import annotations
@@ -74,10 +81,15 @@ def compile_sources() -> None:
          else compileall.compile_file(path, quiet=1))
 
 
+def payloads(size: int) -> list[bytes]:
+    """The random ``size``-byte values every system gets (2 batches' worth, reused)."""
+    rng = np.random.default_rng(size)
+    return [bytes(v) for v in rng.integers(0, 256, (PRODUCE_BATCH * 2, size), dtype=np.uint8)]
+
+
 def produce(client, topic: str, count: int, size: int) -> None:
     """``count`` random ``size``-byte messages over QUEUES queues, 8 producer threads."""
-    rng = np.random.default_rng(size)
-    pool = [bytes(v) for v in rng.integers(0, 256, (PRODUCE_BATCH * 2, size), dtype=np.uint8)]
+    pool = payloads(size)
     done, lock, t0 = [0], threading.Lock(), time.monotonic()
 
     def work(q: int) -> None:
@@ -99,8 +111,19 @@ def produce(client, topic: str, count: int, size: int) -> None:
         t.join()
 
 
-def alternate(runs: dict, rows: int, repeats: int) -> dict[str, float]:
-    """Median rows/s per label: one warm-up each, then ``repeats`` rounds of every run
+def fill_kafka(kafka, topic: str, count: int, size: int) -> None:
+    """The same messages into Kafka: ``count`` values of ``payloads(size)``, 8 partitions."""
+    from _kafka_produce import kafka_fill
+    kafka.create_topic(topic, QUEUES)
+    pool = payloads(size)
+    t0 = time.monotonic()
+    batches = (pool[:min(PRODUCE_BATCH * 2, count - i)] for i in range(0, count, PRODUCE_BATCH * 2))
+    sent = kafka_fill(kafka.bootstrap, topic, batches, QUEUES)
+    log.info("  produced %s msgs into Kafka in %.0f s", f"{sent:,}", time.monotonic() - t0)
+
+
+def alternate(runs: dict, rows: int, repeats: int) -> dict[str, list[float]]:
+    """Rows/s of every round per label: one warm-up each, then ``repeats`` rounds of every run
     in turn, so on a shared machine every row sees the same load. Each timed run
     starts after an (untimed) ``os.sync()``: the page-cache writeback of the run
     before it (hundreds of MB) is not charged to the next one."""
@@ -115,7 +138,7 @@ def alternate(runs: dict, rows: int, repeats: int) -> dict[str, float]:
             rates[label].append(rows / (time.perf_counter() - t))
             log.info("  %-28s run %d/%d %12s rows/s", label, i + 1, repeats,
                      f"{rates[label][-1]:,.0f}")
-    return {label: statistics.median(r) for label, r in rates.items()}
+    return rates
 
 
 def arrow_ceiling_source(template_ipc: bytes):
@@ -164,8 +187,9 @@ def template_batch(client, topic: str) -> bytes:
 
 
 def measure_size(spark, client, endpoints: str, size: int, count: int, args, root: str,
-                 secure=None) -> dict:
-    """``secure``: (endpoints, admin client, reader options) of the secured cluster."""
+                 secure=None, kafka=None) -> dict:
+    """``secure``: (endpoints, admin client, reader options) of the secured cluster;
+    ``kafka``: the Kafka peer (``_kafka.KafkaCluster``) or None."""
     topic = f"read-{size}b"
     client.create_topic(topic, queues=QUEUES)
     log.info("producing %s messages of %d B into %s", f"{count:,}", size, topic)
@@ -185,18 +209,28 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
                .option("maxBytesPerFetch", str(args.fetch_bytes)).options(**options))
         tls_df, tls_network = sec.load(), sec.option("localReads", "false").load()
         extra = {"tls": lambda: noop(tls_df), "tls_network": lambda: noop(tls_network)}
+    if kafka is not None:
+        log.info("producing the same into Kafka")
+        fill_kafka(kafka, topic, count, size)
+        kr = (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
+              .option("subscribe", topic))
+        shipped, tuned = kr.load(), kr.option("kafka.fetch.max.wait.ms", "10").load()
+        assert shipped.count() == rows, "Kafka holds another number of messages"
+        extra.update(kafka=lambda: noop(shipped), kafka_tuned=lambda: noop(tuned))
     noop = lambda d: d.write.format("noop").mode("overwrite").save()  # noqa: E731
     path = os.path.join(root, f"parquet-{size}")
     network.write.parquet(path)
     parts = [o.latest - o.earliest for o in client.offsets(topic)]
     spark.dataSource.register(arrow_ceiling_source(template_batch(client, topic)))
     mem = spark.read.format("bench_arrow_memory").option("parts", json.dumps(parts)).load()
-    log.info("reading %s rows of %d B: rocketmq, rocketmq over the network, parquet, ceiling "
-             "in turn", f"{rows:,}", size)
-    rates = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network), **extra,
-                       "parquet": lambda: noop(spark.read.parquet(path)),
-                       "ceiling": lambda: noop(mem)}, rows, args.repeats)
-    return {"size": size, "rows": rows, **rates, **query_cost(spark, reader, noop, size, args)}
+    log.info("reading %s rows of %d B: rocketmq, rocketmq over the network, %sparquet, ceiling "
+             "in turn", f"{rows:,}", size, "Kafka, " if kafka is not None else "")
+    rounds = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network), **extra,
+                        "parquet": lambda: noop(spark.read.parquet(path)),
+                        "ceiling": lambda: noop(mem)}, rows, args.repeats)
+    rates = {label: statistics.median(r) for label, r in rounds.items()}
+    return {"size": size, "rows": rows, **rates, "rounds": rounds,
+            **query_cost(spark, reader, noop, size, args)}
 
 
 def query_cost(spark, reader, noop, size: int, args) -> dict[str, float]:
@@ -254,20 +288,25 @@ def measure_latency(spark, client, endpoints: str, seconds: float, root: str) ->
 
 
 def render(results: list[dict], latency: dict) -> str:
-    head = f"{'rows':<36}{'msgs/s':>12}{'MB/s':>9}{'vs parquet':>12}{'vs ceiling':>12}"
+    head = (f"{'rows':<44}{'msgs/s':>12}{'rounds min-max':>20}{'MB/s':>9}{'vs parquet':>12}"
+            f"{'vs ceiling':>12}{'vs Kafka tuned':>16}")
     lines = [head, "-" * len(head)]
     for r in results:
         for key, name in (("rocketmq", "rocketmq (3-node cluster)"),
                           ("network", "  the same, localReads=false"),
                           ("tls", "  TLS + token"),
                           ("tls_network", "  TLS + token, localReads=false"),
+                          ("kafka", "Kafka 3 brokers + Spark's Kafka source"),
+                          ("kafka_tuned", "  the same, fetch.max.wait.ms=10"),
                           ("parquet", "spark.read.parquet"),
                           ("ceiling", "Arrow in-memory data source")):
             if key not in r:
                 continue
             rate, label = r[key], f"{name}, {r['size']} B"
-            lines.append(f"{label:<36}{rate:>12,.0f}{rate * r['size'] / 1e6:>9.1f}"
-                         f"{rate / r['parquet']:>11.0%} {rate / r['ceiling']:>11.0%}")
+            spread = f"{min(r['rounds'][key]):,.0f}-{max(r['rounds'][key]):,.0f}"
+            vs_kafka = f"{rate / r['kafka_tuned']:>15.2f}x" if "kafka_tuned" in r else f"{'':>16}"
+            lines.append(f"{label:<44}{rate:>12,.0f}{spread:>20}{rate * r['size'] / 1e6:>9.1f}"
+                         f"{rate / r['parquet']:>11.0%} {rate / r['ceiling']:>11.0%}{vs_kafka}")
     lines.append("\nper query, beyond its rows (a read of one row per queue: 8 tasks): " + ", ".join(
         f"{r['size']} B rocketmq {r['query_s_rocketmq'] * 1e3:.0f} ms, ceiling "
         f"{r['query_s_ceiling'] * 1e3:.0f} ms" for r in results))
@@ -281,6 +320,12 @@ def render(results: list[dict], latency: dict) -> str:
             ratio = r["rocketmq"] / r[key]
             lines.append(f"target: {r['size']} B read >= {target:.0%} of {key}: {ratio:.0%} "
                          f"{'MET' if ratio >= target else 'NOT MET'}")
+        if "kafka_tuned" in r:
+            for key in ("rocketmq", "network"):
+                worst = min(a / b for a, b in zip(r["rounds"][key], r["rounds"]["kafka_tuned"]))
+                lines.append(f"target: {r['size']} B read ({key} path) ahead of Kafka tuned in "
+                             f"every round: lowest round's ratio {worst:.2f} "
+                             f"{'MET' if worst >= 1 else 'NOT MET'}")
         for key, plain in (("tls", "rocketmq"), ("tls_network", "network")):
             if key in r:
                 ratio = r[key] / r[plain]
@@ -301,6 +346,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--secure", action="store_true",
                    help="also read from a cluster with TLS and ACLs, with a token")
+    p.add_argument("--skip-kafka", action="store_true", help="no Kafka peer rows")
     a = p.parse_args(argv)
     if a.quick:
         a.small_rows, a.large_rows, a.repeats, a.latency_seconds = 200_000, 50_000, 1, 5
@@ -319,6 +365,13 @@ def main(argv=None) -> int:
     from storage_service.local import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root, contextlib.ExitStack() as stack:
+        kafka, jars = None, []
+        if not args.skip_kafka:
+            from _kafka import KafkaCluster, ensure_confluent_kafka, spark_kafka_jars
+            ensure_confluent_kafka()
+            jars = spark_kafka_jars()
+            log.info("starting Kafka (3 brokers, KRaft)")
+            kafka = stack.enter_context(KafkaCluster(os.path.join(root, "kafka")))
         log.info("starting LocalCluster (3 nodes, 4 groups) and Spark local[2]")
         secure = None
         if args.secure:
@@ -337,10 +390,12 @@ def main(argv=None) -> int:
                      .config("spark.ui.enabled", "false")
                      .config("spark.ui.showConsoleProgress", "false")
                      .config("spark.driver.memory", "4g")
+                     .config("spark.jars", ",".join(jars))
                      .getOrCreate())
             spark.sparkContext.setLogLevel("ERROR")
             try:
-                results = [measure_size(spark, client, cluster.endpoints, size, n, args, root, secure)
+                results = [measure_size(spark, client, cluster.endpoints, size, n, args, root, secure,
+                                        kafka)
                            for size, n in ((100, args.small_rows), (1024, args.large_rows))]
                 log.info("measuring streaming latency for %.0f s", args.latency_seconds)
                 latency = measure_latency(spark, client, cluster.endpoints,

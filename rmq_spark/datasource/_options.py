@@ -29,9 +29,9 @@ READ_OPTIONS = (
     "endpoints", *SUBSCRIPTION_OPTIONS, "includeHeaders", "startingOffsets", "endingOffsets",
     "startingTimestamp", "endingTimestamp", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
-    "maxTriggerDelay", "failOnDataLoss", "minPartitions", "packRecordsPerTask", "readFrom", "tags", "consumerGroup",
-    "maxBytesPerFetch", "readArchive", "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
-    "tokenFile")
+    "maxTriggerDelay", "failOnDataLoss", "minPartitions", "packRecordsPerTask",
+    "driverReadRecords", "readFrom", "tags", "consumerGroup", "maxBytesPerFetch", "readArchive",
+    "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token", "tokenFile")
 WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
                  "tokenFile")
 
@@ -42,6 +42,7 @@ MAX_FETCH_BYTES = 64 << 20
 MIN_FETCH_BYTES = 64 << 10
 DEFAULT_TRIGGER_DELAY_MS = 15 * 60 * 1000
 DEFAULT_PACK_RECORDS = 16_384
+DEFAULT_DRIVER_READ_RECORDS = 4_096
 _ASSIGN_EG = '{"topicA": [0, 1], "topicB": [2]}'
 
 
@@ -275,6 +276,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     pack_records: int = DEFAULT_PACK_RECORDS
+    driver_read_records: int = DEFAULT_DRIVER_READ_RECORDS
     read_from: str = "leader"
     tags: str = ""
     consumer_group: str | None = None
@@ -295,6 +297,7 @@ class ReadOptions:
             "failOnDataLoss": ("fail_on_data_loss", _bool),
             "minPartitions": ("min_partitions", lambda n, v: _int(n, v, 1)),
             "packRecordsPerTask": ("pack_records", lambda n, v: _int(n, v, 0)),
+            "driverReadRecords": ("driver_read_records", lambda n, v: _int(n, v, 0)),
             "readFrom": ("read_from", lambda n, v: _choice(n, v, ("leader", "follower"))),
             "tags": ("tags", _tags),
             "consumerGroup": ("consumer_group", _nonempty),

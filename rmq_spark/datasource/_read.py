@@ -122,7 +122,7 @@ def _archive_gaps(opts: ReadOptions, part: ArchiveRange, offsets: np.ndarray) ->
                          "query was planned?)")
 
 
-def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
+def read_partition(opts: ReadOptions, part, client: Client | None = None) -> Iterator[pa.RecordBatch]:
     """An archive or a hot-log partition's rows (with ``headers`` if ``includeHeaders``).
 
     A read with nothing to read plans no partition, and Spark then hands the
@@ -130,9 +130,9 @@ def read_partition(opts: ReadOptions, part) -> Iterator[pa.RecordBatch]:
     if isinstance(part, ArchiveRange):
         batches = read_archive(opts, part)
     elif isinstance(part, QueueRange):
-        batches = read_ranges(opts, (part,))
+        batches = read_ranges(opts, (part,), client)
     elif isinstance(part, QueueRanges):
-        batches = read_ranges(opts, part.ranges)
+        batches = read_ranges(opts, part.ranges, client)
     else:
         return iter(())
     return map(with_headers, batches) if opts.include_headers else batches
@@ -160,10 +160,12 @@ def worker_client(endpoints: str, tls: TlsFiles | None = None, token: str | None
 PREFETCH_THREADS = 8
 
 
-def read_ranges(opts: ReadOptions, parts: tuple[QueueRange, ...]) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``parts``, range after range, as Arrow RecordBatches, one per fetch."""
+def read_ranges(opts: ReadOptions, parts: tuple[QueueRange, ...],
+                client: Client | None = None) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``parts``, range after range, as Arrow RecordBatches, one per
+    fetch, with ``client`` (default: this worker's)."""
     reuse_big_buffers()     # this Python worker receives megabyte fetches again and again
-    client = worker_client(opts.endpoints, opts.tls, opts.token)
+    client = client or worker_client(opts.endpoints, opts.tls, opts.token)
     pool = ThreadPoolExecutor(min(len(parts), PREFETCH_THREADS), thread_name_prefix="rmq-prefetch")
     try:
         fetchers = [_Fetcher(client, opts, p) for p in parts]

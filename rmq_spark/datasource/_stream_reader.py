@@ -15,17 +15,19 @@ from typing import Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource_internal import _SimpleStreamReaderWrapper
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
                                               ReadMinRows, SupportsTriggerAvailableNow)
 
 from rmq_spark.client import Client
 
 from . import _archive_hot, _offsets, _planning
+from ._handover import read_small_batch
 from ._options import ReadOptions
 from ._planning import QueueRange
 from ._read import read_partition
 
-__all__ = ["StreamReader"]
+__all__ = ["StreamReader", "HandingOver"]
 
 log = logging.getLogger(__name__)
 Key = tuple[str, int]
@@ -54,6 +56,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # The end latestOffset last returned and the queue state it saw: Spark plans
         # that batch next, and partitions() need not ask the service again.
         self._planned: tuple[_offsets.Positions, _planning.State] | None = None
+        # A small batch partitions() read itself, for getCache (``_handover.py``).
+        self._handover: tuple[tuple[dict, dict], list[pa.RecordBatch]] | None = None
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_client": None}
@@ -92,6 +96,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self.__class__ = StreamReader       # (reportLatestOffset follows: be ourselves)
         # Spark asks for the next batch only once the previous one is done, so
         # ``start`` is processed; committing it here (and not only in commit(),
         # which Spark calls late, when the next batch starts) keeps lag current.
@@ -151,6 +156,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ---------------------------------------------------------- planning
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        self.__class__ = StreamReader
         s_pos, e_pos = _offsets.from_spark(start), _offsets.from_spark(end)
         state = self._state_for(e_pos)
         archived, hot = [], []
@@ -164,7 +170,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 a, h = _archive_hot.plan(self.opts, t, o, s, e)
                 archived += a
                 hot += [h] if h is not None else []
-        return archived + _planning.plan_hot(hot, self.opts.min_partitions, self.opts.pack_records)
+        parts = archived + _planning.plan_hot(hot, self.opts.min_partitions, self.opts.pack_records)
+        batches = read_small_batch(self._c(), self.opts, parts)
+        self._handover = None if batches is None else ((start, end), batches)
+        if batches is not None:
+            self.__class__ = HandingOver
+        return parts
+
+    def getCache(self, start: dict, end: dict) -> Iterator[pa.RecordBatch] | None:
+        """The batch partitions() just read for [start, end), once (Spark's planner asks)."""
+        handover, self._handover = self._handover, None
+        if handover is None or handover[0] != (start, end):
+            return None
+        return iter(handover[1])
 
     def _state_for(self, end: _offsets.Positions) -> _planning.State:
         """The queue state latestOffset saw when it chose ``end`` (the usual case),
@@ -198,6 +216,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # ------------------------------------------------------------ commit
     def commit(self, end: dict) -> None:
+        self.__class__ = StreamReader
         self._commit_group(_offsets.from_spark(end))
 
     def _commit_group(self, positions: _offsets.Positions) -> None:
@@ -212,3 +231,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+class HandingOver(StreamReader, _SimpleStreamReaderWrapper):
+    """A ``StreamReader`` that Spark's planner takes for a simple reader's wrapper,
+    so it sends what ``getCache`` returns to the JVM (``_handover.py``)."""
+
+    @property
+    def simple_reader(self) -> StreamReader:
+        return self

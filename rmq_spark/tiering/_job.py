@@ -209,9 +209,12 @@ class _Run:
 
     def _frame(self, starting: dict[int, int] | None):
         s = self.s
+        # A task per queue range, so archive files stay within a queue and reads
+        # prune by queue (the source packs small ranges into one task by default).
         return layout.archive_frame(hot_stream(
             self.spark, s.endpoints, s.topic, starting, s.max_offsets_per_trigger, tls=s.tls, token=s.token,
-            failOnDataLoss=str(s.fail_on_data_loss).lower()))
+            failOnDataLoss=str(s.fail_on_data_loss).lower(), packRecordsPerTask="0",
+            driverReadRecords="0"))
 
     def _writer(self, frame):
         s = self.s

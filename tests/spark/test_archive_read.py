@@ -43,8 +43,9 @@ def _produce(client, topic, count, start=0, tag=lambda i: "A" if i % 3 else "B",
 def _archive(spark, endpoints, topic, tier, ckpt, ending=None):
     """Archive the topic's hot log (up to ``ending`` offsets) as the tiering job lays it out."""
     t = layout.parse_tier(tier)
+    one_queue_a_task = {"packRecordsPerTask": "0", "driverReadRecords": "0"}   # as the job reads
     if t.format == "delta":
-        df = reader(spark, endpoints, topic, readArchive="false",
+        df = reader(spark, endpoints, topic, readArchive="false", **one_queue_a_task,
                     **({"endingOffsets": json.dumps({topic: ending})} if ending else {}))
         (layout.archive_frame(df).sortWithinPartitions("topic", "date", "queue", "offset")
          .write.format("delta").mode("append").partitionBy(*layout.PARTITION_COLUMNS)
@@ -53,7 +54,7 @@ def _archive(spark, endpoints, topic, tier, ckpt, ending=None):
     else:
         assert ending is None
         stream = reader(spark, endpoints, topic, stream=True, readArchive="false",
-                        startingOffsets="earliest")
+                        startingOffsets="earliest", **one_queue_a_task)
         q = (layout.archive_frame(stream).writeStream.format("parquet")
              .partitionBy(*layout.PARTITION_COLUMNS).option("checkpointLocation", ckpt)
              .trigger(availableNow=True).start(t.path))

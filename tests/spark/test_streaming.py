@@ -1,6 +1,7 @@
 """spark.readStream.format("rocketmq"): offsets, admission control, restarts, data loss."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -8,7 +9,14 @@ import sys
 import threading
 import time
 
+import pyarrow as pa
 import pytest
+from pyspark.serializers import write_with_length
+from pyspark.sql.types import StructType
+
+from rmq_spark.datasource._handover import read_small_batch
+from rmq_spark.datasource._options import ReadOptions
+from rmq_spark.datasource._planning import QueueRange
 
 from tests.conftest import wait_until
 
@@ -89,8 +97,9 @@ def test_latest_start_while_producing_reads_a_gapless_suffix(spark, client, endp
 def test_restart_mid_stream_loses_and_duplicates_nothing(spark, client, endpoints, topic, tmp_path):
     sent = produce(client, topic, 600)
     batches = Batches()
+    # (Tasks read here: the other tests' small batches are read by the driver.)
     df = reader(spark, endpoints, topic, stream=True, startingOffsets="earliest",
-                maxOffsetsPerTrigger=100)
+                maxOffsetsPerTrigger=100, driverReadRecords=0)
     q = (df.writeStream.foreachBatch(batches).option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(processingTime="100 milliseconds").start())
     try:
@@ -233,3 +242,66 @@ def test_bad_stream_options(spark, endpoints, topic, tmp_path):
     df = reader(spark, endpoints, topic, stream=True, endingOffsets="latest")
     with pytest.raises(Exception, match="a stream has no end"):
         run_available_now(df, tmp_path / "ck", Batches())
+
+
+def _planner_call(func, reader, *args: dict, **kwargs) -> io.BytesIO:
+    """Run one of Spark's planner-process functions on ``reader`` as the JVM would."""
+    infile, outfile = io.BytesIO(), io.BytesIO()
+    for arg in args:
+        write_with_length(json.dumps(arg).encode(), infile)
+    infile.seek(0)
+    func(reader, *kwargs.values(), infile, outfile) if kwargs else func(reader, outfile)
+    outfile.seek(0)
+    return outfile
+
+
+def test_small_batches_are_handed_over_in_memory(client, endpoints, topic):
+    # Spark's planner sends a small batch's rows from the driver (no Python task),
+    # and still reports the latest offset: the private contract _handover.py uses.
+    from pyspark.serializers import read_int
+    from pyspark.sql.streaming import python_streaming_source_runner as runner
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+    from rmq_spark.datasource._source import RocketMQDataSource
+
+    source = RocketMQDataSource({"endpoints": endpoints, "topic": topic})
+    schema = StructType.fromDDL(source.schema())
+    reader = source.streamReader(schema)
+    start = reader.initialOffset()
+    sent = produce(client, topic, 40)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    planned = dict(data_source=source, schema=schema, max_arrow_batch_size=10_000)
+
+    out = _planner_call(runner.partitions_func, reader, start, end, **planned)
+    assert read_int(out) == 1                                   # one partition
+    out.read(read_int(out))
+    assert read_int(out) == runner.NON_EMPTY_PYARROW_RECORD_BATCHES
+    read_int(out)                                               # START_ARROW_STREAM
+    rows = pa.ipc.open_stream(out).read_all()
+    assert sorted(rows.column("value").to_pylist()) == sorted(sent)
+
+    produce(client, topic, 4, start=40)
+    reader.latestOffset(end, ReadAllAvailable())
+    out = _planner_call(runner.report_latest_offset_func, reader)
+    assert json.loads(out.read(read_int(out))) == {topic: {str(q): 11 for q in range(4)}}
+
+    # Over driverReadRecords (or the byte limit) a task reads it: nothing is handed over.
+    reader = RocketMQDataSource({"endpoints": endpoints, "topic": topic,
+                                 "driverReadRecords": "10"}).streamReader(schema)
+    out = _planner_call(runner.partitions_func, reader, start, end, **planned)
+    for _ in range(read_int(out)):
+        out.read(read_int(out))
+    assert read_int(out) == runner.PREFETCHED_RECORDS_NOT_FOUND
+    reader.stop()
+
+
+def test_driver_reads_only_small_hot_batches(client, endpoints, topic):
+    opts = ReadOptions.from_options({"endpoints": endpoints, "topic": topic})
+    produce_to(client, topic, 0, 3, "big")
+    for _ in range(2):
+        client.produce(topic, [b"x" * (3 << 20)], queue=1)     # 6 MiB in 2 records
+    small = [QueueRange(topic, 0, 0, 3)]
+    assert [b.num_rows for b in read_small_batch(client, opts, small)] == [3]
+    assert read_small_batch(client, opts, [QueueRange(topic, 1, 0, 2)]) is None       # bytes
+    assert read_small_batch(client, opts, small * 2) is None                          # 2 tasks
+    few = ReadOptions.from_options({"endpoints": endpoints, "topic": topic, "driverReadRecords": "2"})
+    assert read_small_batch(client, few, small) is None                               # records
