@@ -171,7 +171,8 @@ def main(argv=None) -> int:
         spark.stop()
     print(f"\nstreaming latency, produce -> foreachBatch, a message every 10 ms, default trigger; "
           f"{args.seconds:g} s a system, {args.rounds} round(s), median of the rounds' figures\n")
-    print(f"| system | p50 ms | p99 ms | messages seen / sent (per round) |\n|---|---:|---:|---|")
+    print("| system | p50 ms | p99 ms | rounds' p50 | rounds' p99 | messages seen / sent (per round) |\n"
+          "|---|---:|---:|---|---|---|")
     med = {}
     for name in ROWS:
         rows = [rd[name] for rd in rounds if rd.get(name, {}).get("messages")]
@@ -180,7 +181,8 @@ def main(argv=None) -> int:
             continue
         med[name] = (statistics.median(x["p50_ms"] for x in rows), statistics.median(x["p99_ms"] for x in rows))
         counts = ", ".join(f"{x['messages']}/{x['sent']}" for x in rows)
-        print(f"| {name} | {med[name][0]:.0f} | {med[name][1]:.0f} | {counts} |")
+        each = [", ".join(f"{x[k]:.0f}" for x in rows) for k in ("p50_ms", "p99_ms")]
+        print(f"| {name} | {med[name][0]:.0f} | {med[name][1]:.0f} | {each[0]} | {each[1]} | {counts} |")
     print("\nwhere a micro-batch's time goes: Spark's durationMs per phase, median over the "
           "measured batches with rows, median of the rounds (ms)\n")
     print("| system | " + " | ".join(PHASES) + " |\n|---|" + "---:|" * len(PHASES))

@@ -73,9 +73,12 @@ class QueueView:
 State = dict[str, dict[int, QueueView]]
 
 
-def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
-    """Topics the options subscribe to now; named topics must exist."""
-    existing = sorted(t["name"] for t in client.list_topics())
+def subscribed_topics(client: Client, opts: ReadOptions,
+                      listing: list[dict] | None = None) -> list[str]:
+    """Topics the options subscribe to now (of ``listing``, default: the cluster's);
+    named topics must exist."""
+    listing = client.list_topics() if listing is None else listing
+    existing = sorted(t["name"] for t in listing)
     if opts.topic_pattern is not None:
         return [t for t in existing if opts.subscribes(t)]
     missing = [t for t in opts.topics if t not in existing]
@@ -94,7 +97,8 @@ def subscribed_topics(client: Client, opts: ReadOptions) -> list[str]:
 def subscribed_state(client: Client, opts: ReadOptions) -> State:
     """``queue_state`` of the queues the options read now: every queue of the
     subscribed topics, or with ``assign`` only the assigned ones (which must exist)."""
-    state = queue_state(client, subscribed_topics(client, opts), opts.read_archive)
+    listing = client.list_topics()
+    state = queue_state(client, subscribed_topics(client, opts, listing), opts.read_archive, listing)
     if opts.assign is None:
         return state
     return {t: _assigned(t, queues, opts.assign[t]) for t, queues in state.items()}
@@ -109,11 +113,15 @@ def _assigned(topic: str, queues: dict[int, QueueView],
     return {q: queues[q] for q in wanted}
 
 
-def queue_state(client: Client, topics: Iterable[str], archive: bool = True) -> State:
+def queue_state(client: Client, topics: Iterable[str], archive: bool = True,
+                listing: list[dict] | None = None) -> State:
     """Every queue of ``topics``: hot offsets fresh from the group leaders, plus the
-    committed files of the topic's archive when it is tiered."""
+    committed files of the topic's archive when it is tiered (as ``listing``, default:
+    the cluster's topic list, says)."""
     topics = list(topics)
-    tiers = {t["name"]: t["tier"] for t in client.list_topics()} if topics else {}
+    if topics and listing is None:
+        listing = client.list_topics()
+    tiers = {t["name"]: t["tier"] for t in listing or ()}
     snapshots: dict[str, ArchiveSnapshot | None] = {}
     out: State = {}
     for t in topics:
