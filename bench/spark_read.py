@@ -234,8 +234,9 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
 
 
 def query_cost(spark, reader, noop, size: int, args) -> dict[str, float]:
-    """Seconds a query costs beyond its rows: one row per queue (8 tasks), rocketmq
-    against the ceiling source, alternated, medians."""
+    """Seconds a query costs beyond its rows: one row per queue of 8 (rocketmq packs
+    them into one task, ``packRecordsPerTask``), against the ceiling source's 8
+    tasks, alternated, medians."""
     ends = json.dumps({f"read-{size}b": {str(q): 1 for q in range(QUEUES)}})
     tiny = reader.option("endingOffsets", ends).load()
     mem = (spark.read.format("bench_arrow_memory").option("parts", json.dumps([1] * QUEUES))
@@ -307,7 +308,8 @@ def render(results: list[dict], latency: dict) -> str:
             vs_kafka = f"{rate / r['kafka_tuned']:>15.2f}x" if "kafka_tuned" in r else f"{'':>16}"
             lines.append(f"{label:<44}{rate:>12,.0f}{spread:>20}{rate * r['size'] / 1e6:>9.1f}"
                          f"{rate / r['parquet']:>11.0%} {rate / r['ceiling']:>11.0%}{vs_kafka}")
-    lines.append("\nper query, beyond its rows (a read of one row per queue: 8 tasks): " + ", ".join(
+    lines.append("\nper query, beyond its rows (a read of one row per queue of 8; rocketmq packs "
+                 "the 8 small ranges into one task, the ceiling source runs 8): " + ", ".join(
         f"{r['size']} B rocketmq {r['query_s_rocketmq'] * 1e3:.0f} ms, ceiling "
         f"{r['query_s_ceiling'] * 1e3:.0f} ms" for r in results))
     if latency:
