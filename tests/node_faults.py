@@ -268,9 +268,13 @@ def _rot(run: _Run, victims: dict[int, list[str]]) -> None:
     for i, kinds in victims.items():
         node_dir = os.path.join(cluster.data_dir, f"node-{i}")
         segs = sealed_segments(node_dir, g)
+        # Rot in a segment is repaired by fetching the segment from a peer, which
+        # rewrites its index too: index rot goes into another sealed segment.
+        at_seg = len(segs) // 2
+        at_idx = at_seg - 1 if at_seg > 0 else at_seg + 1
         for kind in kinds:
-            if kind in ("segment", "index") and segs:
-                seg = segs[len(segs) // 2 if kind == "segment" else len(segs) // 3]
+            if kind in ("segment", "index") and (kind == "segment" or at_idx < len(segs)) and segs:
+                seg = segs[at_seg if kind == "segment" else at_idx]
                 path = seg if kind == "segment" else seg[:-4] + ".idx"
                 if kind == "index" and os.path.getsize(path) < 32:
                     continue
@@ -297,6 +301,11 @@ def bit_rot(run: _Run, seconds: float) -> None:
     leader = 0 if leader is None else leader
     follower = (leader + 1) % cluster.nodes
     rep.measured["rot_on"] = f"leader{leader}+follower{follower}"
+    # The leader's segment and index rot need two sealed segments (a busy machine
+    # may not have rolled two in the first part of the run).
+    leader_dir = os.path.join(cluster.data_dir, f"node-{leader}")
+    if wait_for(lambda: len(sealed_segments(leader_dir, g)) >= 2, timeout=60) is None:
+        rep.problems.append(f"node {leader} sealed fewer than 2 segments of group {g} in 60 s")
     _rot(run, {leader: ["segment", "index"], follower: ["segment", "journal"]})
     if sum("flipped" in f for f in rep.faults) < 4:
         rep.problems.append(f"not every kind of rot could be placed: {rep.faults}")
