@@ -23,10 +23,11 @@ read its batch to its next call from Spark: in between Spark asks for
 from __future__ import annotations
 
 import pyarrow as pa
+
 from rmq_spark.client import Client
 
 from ._options import ReadOptions
-from ._planning import ArchiveRange
+from ._planning import ArchiveRange, QueueRanges
 from ._read import read_partition
 
 __all__ = ["HANDOVER_MAX_BYTES", "read_small_batch"]
@@ -39,7 +40,7 @@ def read_small_batch(client: Client, opts: ReadOptions, parts: list) -> list[pa.
     records and ``HANDOVER_MAX_BYTES``, or None: then a task reads them."""
     if not opts.driver_read_records or len(parts) != 1 or isinstance(parts[0], ArchiveRange):
         return None
-    ranges = getattr(parts[0], "ranges", None) or (parts[0],)
+    ranges = parts[0].ranges if isinstance(parts[0], QueueRanges) else (parts[0],)
     if sum(r.end - r.start for r in ranges) > opts.driver_read_records:
         return None
     batches, size = [], 0

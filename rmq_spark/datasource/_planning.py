@@ -21,9 +21,9 @@ from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
 
-__all__ = ["QueueRange", "QueueRanges", "ArchiveRange", "QueueView", "plan_hot", "subscribed_topics", "subscribed_state",
-           "queue_state", "resolve", "split_ranges", "cap_by_backlog", "report_data_loss",
-           "State"]
+__all__ = ["QueueRange", "QueueRanges", "ArchiveRange", "QueueView", "plan_hot", "subscribed_topics",
+           "subscribed_state", "queue_state", "resolve", "split_ranges", "cap_by_backlog",
+           "report_data_loss", "State"]
 
 log = logging.getLogger(__name__)
 
@@ -218,22 +218,27 @@ def plan_hot(ranges: list[QueueRange], min_partitions: int | None,
     """
     ranges = split_ranges(ranges, min_partitions)
     if min_partitions or not pack:
-        return list(ranges)
+        return ranges
     out: list[QueueRange | QueueRanges] = []
     bin_: list[QueueRange] = []
+
+    def close_bin() -> None:
+        if bin_:
+            out.append(bin_[0] if len(bin_) == 1 else QueueRanges(tuple(bin_)))
+            bin_.clear()
+
     size = 0
     for r in ranges:
         n = r.end - r.start
         if n >= pack:
             out.append(r)
             continue
-        if bin_ and size + n > pack:
-            out.append(bin_[0] if len(bin_) == 1 else QueueRanges(tuple(bin_)))
-            bin_, size = [], 0
+        if size + n > pack:
+            close_bin()
+            size = 0
         bin_.append(r)
         size += n
-    if bin_:
-        out.append(bin_[0] if len(bin_) == 1 else QueueRanges(tuple(bin_)))
+    close_bin()
     return out
 
 

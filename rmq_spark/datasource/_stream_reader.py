@@ -172,8 +172,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 hot += [h] if h is not None else []
         parts = archived + _planning.plan_hot(hot, self.opts.min_partitions, self.opts.pack_records)
         batches = read_small_batch(self._c(), self.opts, parts)
-        self._handover = None if batches is None else ((start, end), batches)
         if batches is not None:
+            self._handover = ((start, end), batches)
             self.__class__ = HandingOver
         return parts
 
@@ -188,9 +188,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The queue state latestOffset saw when it chose ``end`` (the usual case),
         or fresh from the service (a batch replayed from the offset log on restart)."""
         if self._planned is not None and self._planned[0] == end:
-            views = self._planned[1]
-            if all(t in views for t in end):
-                return views
+            return self._planned[1]
         return _planning.queue_state(self._c(), sorted(end), self.opts.read_archive)
 
     def _checked_start(self, topic: str, queue: int, s: int | None, e: int, o) -> int:

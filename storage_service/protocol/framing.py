@@ -22,9 +22,9 @@ import crc32c
 
 from . import records
 
-__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts", "iter_records_from",
-           "header_at", "iter_batches", "iter_blocks", "next_offset", "records_of", "records_start",
-           "scan_valid_prefix"]
+__all__ = ["BATCH_HEADER", "BODY_HEADER", "BatchHeader", "CorruptBatch", "frame_batch", "frame_parts",
+           "header_at", "iter_batches", "iter_blocks", "iter_records_from", "next_offset", "records_of",
+           "records_start", "scan_valid_prefix"]
 
 BATCH_HEADER = struct.Struct("<II")          # body_len, crc
 BODY_HEADER = struct.Struct("<QqIQ")         # base_offset, store_ts, count, position
