@@ -32,7 +32,7 @@ from rmq_spark import fs, jobs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client, TlsFiles
-from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
+from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, delta_conf, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.jobs.lease import JobLease, LeaseLost
 from rmq_spark.spark import session_conf
@@ -143,14 +143,15 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     lease = CompactLease(endpoints, topic, _checkpoint.lease_owner(s.checkpoint), tls=tls, token=token)
     lease.take()
     try:
-        buckets_now = _ensure_table(spark, s)
-        say = progress or (lambda line: log.info("%s", line))
-        writer = _BatchWriter(s, buckets_now, say, lease)
-        frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger, tls=tls,
-                           token=token)
-        w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
-             .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
-        with session_conf(spark, UTC_CONF):
+        # The query keeps its own copy of the confs from start() on.
+        with session_conf(spark, {**UTC_CONF, **delta_conf(spark)}):
+            buckets_now = _ensure_table(spark, s)
+            say = progress or (lambda line: log.info("%s", line))
+            writer = _BatchWriter(s, buckets_now, say, lease)
+            frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger,
+                               tls=tls, token=token)
+            w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
+                 .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
             query = w.start()
     except BaseException:
         lease.release()

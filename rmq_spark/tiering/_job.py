@@ -29,7 +29,7 @@ from rmq_spark import fs
 from rmq_spark.archive import layout
 from rmq_spark.archive.reader import delta_txn_version
 from rmq_spark.client import Client, TlsFiles
-from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, hot_stream
+from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, delta_conf, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
 from rmq_spark.spark import session_conf
 
@@ -53,7 +53,6 @@ _QUERY_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
 # in (queue, offset) order as it is. A sort would copy every row once more (~8% of a
 # Delta batch here). Past 16 open files in a task Spark falls back to sorting.
 _WRITER_CONF = {"spark.sql.maxConcurrentOutputFileWriters": "16"}
-_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
 
 def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
@@ -199,12 +198,8 @@ class _Run:
     def _conf(self) -> dict[str, str]:
         """SQL confs for the run; the query keeps its own copy from ``start()`` on."""
         conf = {**_QUERY_CONF, **_WRITER_CONF}
-        if self.s.tier.format == "delta" and \
-                self.spark.conf.get(_SNAPSHOT_PARTITIONS, None) is None:
-            # Each idempotent append looks up its txn version in the table state, which
-            # Delta rebuilds in 50 partitions by default: ~10x the cost of the append
-            # itself on a small machine. As many partitions as the app has cores.
-            conf[_SNAPSHOT_PARTITIONS] = str(max(1, self.spark.sparkContext.defaultParallelism))
+        if self.s.tier.format == "delta":
+            conf.update(delta_conf(self.spark))     # each append is an idempotent write
         return conf
 
     def _frame(self, starting: dict[int, int] | None):
