@@ -9,7 +9,14 @@ per micro-batch (``foreachBatch``):
    older record never overwrites a newer one; a tombstone (null value)
    deletes the row; a new key is inserted unless it is a tombstone. The
    MERGE carries Delta's idempotent-write identity (query id, batch id), so
-   a batch replayed after a kill is skipped by Delta;
+   a batch replayed after a kill is skipped by Delta. The first batch of a
+   run into a table that held no rows when the run started (a first build)
+   is written instead of merged: its live records are the table. It
+   overwrites, so it can only remove what a job that lost the topic wrote
+   meanwhile (all of it above the compaction watermark, read again by the
+   next batches), and Delta fails it if anything is committed while it runs.
+   An overwrite costs about what the recomputation costs; a MERGE also
+   materializes the batch and joins it with the table twice;
 3. records the ``compaction`` watermark (the batch's end offsets) in the
    metadata group: everything below it is in the table.
 
@@ -145,9 +152,9 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     try:
         # The query keeps its own copy of the confs from start() on.
         with session_conf(spark, {**UTC_CONF, **delta_conf(spark)}):
-            buckets_now = _ensure_table(spark, s)
+            buckets_now, empty = _ensure_table(spark, s)
             say = progress or (lambda line: log.info("%s", line))
-            writer = _BatchWriter(s, buckets_now, say, lease)
+            writer = _BatchWriter(s, buckets_now, say, lease, empty)
             frame = hot_stream(spark, endpoints, topic, starting, s.max_offsets_per_trigger,
                                tls=tls, token=token)
             w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
@@ -184,27 +191,30 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     return query
 
 
-def _ensure_table(spark, s: CompactSettings) -> int:
-    """Create the table unless it exists; the bucket count it was created with."""
+def _ensure_table(spark, s: CompactSettings) -> tuple[int, bool]:
+    """Create the table unless it exists; the bucket count it was created with, and
+    whether it holds no rows (no data file)."""
     from delta.tables import DeltaTable
     schema = spark.createDataFrame([], TABLE_DDL).schema
     (DeltaTable.createIfNotExists(spark).location(s.table).addColumns(schema)
      .partitionedBy("bucket").property("delta.enableDeletionVectors", "false")
      .property(BUCKETS_PROPERTY, str(s.buckets)).execute())
     # Properties from the log itself: DeltaTable.detail() costs Spark jobs on every run.
-    props = (delta_log(s.table) or ([], {}))[1]
+    adds, props = delta_log(s.table) or ([], {})
     got = DeltaTable.forPath(spark, s.table).toDF().schema
     if [f.name for f in got] != [f.name for f in schema]:
         raise CompactionConfigError(f"Delta table {s.table} is not a compacted table: its "
                                     f"schema is {got.simpleString()}, expected {TABLE_DDL}")
-    return int(props.get(BUCKETS_PROPERTY, s.buckets))
+    return int(props.get(BUCKETS_PROPERTY, s.buckets)), not adds
 
 
 class _BatchWriter:
     """The foreachBatch function: reduce, MERGE (idempotent on batch id), watermark."""
 
-    def __init__(self, s: CompactSettings, buckets: int, say: Callable[[str], None], lease: JobLease):
+    def __init__(self, s: CompactSettings, buckets: int, say: Callable[[str], None],
+                 lease: JobLease, empty: bool = False):
         self.s, self.buckets, self.say, self.lease = s, buckets, say, lease
+        self._empty = empty             # no row in the table yet: the next batch is written
         self._app_id: str | None = None
 
     def __call__(self, df, batch_id: int) -> None:
@@ -220,13 +230,20 @@ class _BatchWriter:
                   .select("r.*")
                   .withColumn("bucket", F.pmod(F.crc32("key"), F.lit(self.buckets)).cast("int")))
         self.lease.check()          # a job that lost the topic's lease compacts nothing more
-        with session_conf(spark, {_TXN_APP_ID: self._app_id, _TXN_VERSION: str(batch_id)}):
-            (DeltaTable.forPath(spark, self.s.table).alias("t")
-             .merge(latest.alias("s"), "t.bucket = s.bucket AND t.key = s.key")
-             .whenMatchedDelete(f"s.value IS NULL AND {_NEWER}")
-             .whenMatchedUpdateAll(f"s.value IS NOT NULL AND {_NEWER}")
-             .whenNotMatchedInsertAll("s.value IS NOT NULL")
-             .execute())
+        if self._empty:
+            (latest.where(F.col("value").isNotNull()).write.format("delta").mode("overwrite")
+             .option("partitionOverwriteMode", "static")
+             .option("txnAppId", self._app_id).option("txnVersion", batch_id)
+             .save(self.s.table))
+        else:
+            with session_conf(spark, {_TXN_APP_ID: self._app_id, _TXN_VERSION: str(batch_id)}):
+                (DeltaTable.forPath(spark, self.s.table).alias("t")
+                 .merge(latest.alias("s"), "t.bucket = s.bucket AND t.key = s.key")
+                 .whenMatchedDelete(f"s.value IS NULL AND {_NEWER}")
+                 .whenMatchedUpdateAll(f"s.value IS NOT NULL AND {_NEWER}")
+                 .whenNotMatchedInsertAll("s.value IS NOT NULL")
+                 .execute())
+        self._empty = False
         end = _checkpoint.batch_end(self.s.checkpoint, batch_id, self.s.topic)
         if end:
             with Client(self.s.endpoints, tls=self.s.tls, token=self.s.token) as client:

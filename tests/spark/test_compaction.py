@@ -109,7 +109,48 @@ def test_replayed_batch_is_applied_once(spark, client, endpoints, compact, tmp_p
     assert _table(spark, table) == before == _expected(spark, endpoints, topic)
     from delta.tables import DeltaTable
     ops = [r.operation for r in DeltaTable.forPath(spark, table).history().collect()]
-    assert ops.count("MERGE") == 1                              # the replay was skipped
+    assert sorted(ops) == ["CREATE TABLE", "WRITE"]             # the replay was skipped
+
+
+def test_a_first_build_is_written_and_replaces_what_a_job_that_lost_the_topic_wrote(
+        spark, client, endpoints, compact, monkeypatch):
+    """The first batch into a table that held no rows is written, not merged. If a job
+    that lost the topic appended rows after this run found the table empty (stale
+    values of its keys, a key deleted since), the written batch replaces them: one
+    row per live key, each the newest, as a recomputation gives."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from rmq_spark.compaction import _job
+    from rmq_spark.compaction.table import TABLE_DDL
+
+    topic, table = compact
+    _produce_updates(client, topic, 400, keys=40, queues=3, seed=21)
+    client.produce(topic, [Message(b"old", key=b"gone")], queue=0)
+    # what the other job appends: older records of some keys, and one deleted since
+    stale = (spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic)
+             .load().where("offset < 30 OR (key = 'gone' AND value IS NOT NULL)"))
+    client.produce(topic, [Message(None, key=b"gone")], queue=0)
+    found = []
+
+    def ensure_then_other_job_appends(spark_, s):
+        buckets, empty = ensure(spark_, s)
+        found.append(empty)
+        (stale.withColumn("bucket", F.pmod(F.crc32("key"), F.lit(buckets)).cast("int"))
+         .select(*[c.split()[0] for c in TABLE_DDL.split(", ")])
+         .write.format("delta").mode("append").save(s.table))
+        return buckets, empty
+
+    ensure = _job._ensure_table
+    monkeypatch.setattr(_job, "_ensure_table", ensure_then_other_job_appends)
+    compact_topic(spark, endpoints, topic, table)
+    assert found == [True]
+    ops = [r.operation for r in DeltaTable.forPath(spark, table).history().collect()]
+    assert sorted(ops) == ["CREATE TABLE", "WRITE", "WRITE"]       # no MERGE
+    rows = spark.read.format("delta").load(table).select("key").collect()
+    assert len(rows) == len({bytes(r.key) for r in rows})      # one row per key
+    assert _table(spark, table) == _expected(spark, endpoints, topic)
+    assert b"gone" not in _table(spark, table)
 
 
 def test_killed_mid_batch_then_restarted_equals_a_recomputation(spark, client, endpoints, compact):
