@@ -3,7 +3,10 @@
 Layout (Delta, written by the compaction job): the message columns of the
 ``rocketmq`` source for the record that won for each key, plus ``bucket``
 = crc32(key) mod B, the partition column. B is fixed when the table is
-created and kept in the table property ``rmq.buckets``.
+created and kept in ``_rmq_table.json`` next to ``_delta_log`` (Delta
+ignores files whose name starts with ``_``); tables created before that
+keep it in the table property ``rmq.buckets``. The table itself is created
+by the job's first write (a Delta write sets no property outside ``delta.``).
 
 A lookup reads the Delta log (cached until the log changes), keeps the files
 of the key's bucket (partition pruning: 1/B of the table), reads only their
@@ -13,6 +16,7 @@ milliseconds for a million keys on a local disk. Deletion vectors are off
 """
 from __future__ import annotations
 
+import json
 import zlib
 from dataclasses import dataclass
 
@@ -25,11 +29,14 @@ from rmq_spark import fs
 from rmq_spark.archive.delta_log import version as log_version
 from rmq_spark.archive.reader import delta_file_path, delta_log
 
+from .errors import CompactionConfigError
 
-__all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "TABLE_DDL", "bucket_of", "CompactedTable",
-           "TableRow"]
+
+__all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "TABLE_DDL", "bucket_of", "buckets_of",
+           "write_buckets", "CompactedTable", "TableRow"]
 
 BUCKETS_PROPERTY = "rmq.buckets"
+BUCKETS_FILE = "_rmq_table.json"
 DEFAULT_BUCKETS = 32
 TABLE_DDL = ("key binary, value binary, topic string, queue int, offset long, "
              "timestamp timestamp, born_timestamp timestamp, tags string, "
@@ -41,6 +48,22 @@ _COLUMNS = ["key", "value", "topic", "queue", "offset", "timestamp", "born_times
 def bucket_of(key: bytes, buckets: int) -> int:
     """Spark's ``pmod(crc32(key), buckets)``."""
     return zlib.crc32(key) % buckets
+
+
+def write_buckets(path: str, buckets: int) -> None:
+    """Record the bucket count of the table at ``path`` before its first write."""
+    fs.write_bytes(fs.join(path, BUCKETS_FILE), json.dumps({"buckets": buckets}).encode())
+
+
+def buckets_of(path: str, conf: dict) -> int | None:
+    """The bucket count of the table at ``path`` (``conf``: its table properties);
+    None when neither the table property nor the file records one."""
+    if BUCKETS_PROPERTY in conf:
+        return int(conf[BUCKETS_PROPERTY])
+    try:
+        return int(json.loads(fs.read_text(fs.join(path, BUCKETS_FILE)))["buckets"])
+    except FileNotFoundError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,12 @@ class CompactedTable:
             return
         found = delta_log(self.path)
         adds, conf = found if found else ([], {})
-        self.buckets = int(conf.get(BUCKETS_PROPERTY, DEFAULT_BUCKETS))
+        if self._stamp is None:            # fixed for the table's life: read once
+            buckets = buckets_of(self.path, conf)
+            if buckets is None:
+                raise CompactionConfigError(f"{self.path} is not a compacted table: it has no bucket "
+                                 f"count ({BUCKETS_FILE} or table property {BUCKETS_PROPERTY})")
+            self.buckets = buckets
         by_bucket: dict[int, list[str]] = {}
         for a in adds:
             b = int((a.get("partitionValues") or {}).get("bucket", -1))
