@@ -240,8 +240,12 @@ class _BatchWriter:
         self.lease.check()          # a job that lost the topic's lease compacts nothing more
         if self._empty:         # creates the table if there is none yet
             schema = spark.createDataFrame([], TABLE_DDL).schema
+            # One file per bucket, as a MERGE writes them (a lookup opens each file of
+            # its bucket): a task per core, each with whole buckets. Costs no time.
+            tasks = max(1, min(self.buckets, spark.sparkContext.defaultParallelism))
             (latest.where(F.col("value").isNotNull())
              .select(*[F.col(f.name).cast(f.dataType) for f in schema])
+             .repartition(tasks, "bucket")
              .write.format("delta").mode("overwrite").partitionBy("bucket")
              .option("delta.enableDeletionVectors", "false")
              .option("partitionOverwriteMode", "static")

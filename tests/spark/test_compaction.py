@@ -110,6 +110,9 @@ def test_replayed_batch_is_applied_once(spark, client, endpoints, compact, tmp_p
     from delta.tables import DeltaTable
     ops = [r.operation for r in DeltaTable.forPath(spark, table).history().collect()]
     assert ops == ["WRITE"]              # the table was created by the write; the replay skipped
+    files = [f for f in spark.read.format("delta").load(table).inputFiles()]
+    buckets = {int(f.split("bucket=")[1].split("/")[0]) for f in files}
+    assert len(files) == len(buckets)                           # one file per bucket
 
 
 def test_a_first_build_is_written_and_replaces_what_a_job_that_lost_the_topic_wrote(
