@@ -208,11 +208,13 @@ def _ensure_table(spark, s: CompactSettings) -> tuple[int, bool]:
     schema = spark.createDataFrame([], TABLE_DDL).schema
     got = spark.read.format("delta").load(fs.to_spark(s.table)).schema
     buckets = buckets_of(s.table, props)
-    if [f.name for f in got] != [f.name for f in schema] or buckets is None:
+    if [f.name for f in got] != [f.name for f in schema]:
         raise CompactionConfigError(f"Delta table {s.table} is not a compacted table: its "
-                                    f"schema is {got.simpleString()}, expected {TABLE_DDL}, and "
-                                    f"a bucket count ({BUCKETS_FILE} or table property "
-                                    f"{BUCKETS_PROPERTY})")
+                                    f"schema is {got.simpleString()}, expected {TABLE_DDL}")
+    if buckets is None:
+        raise CompactionConfigError(f"Delta table {s.table} is not a compacted table: it "
+                                    f"records no bucket count ({BUCKETS_FILE} or table "
+                                    f"property {BUCKETS_PROPERTY})")
     return buckets, not adds
 
 

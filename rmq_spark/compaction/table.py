@@ -60,10 +60,19 @@ def buckets_of(path: str, conf: dict) -> int | None:
     None when neither the table property nor the file records one."""
     if BUCKETS_PROPERTY in conf:
         return int(conf[BUCKETS_PROPERTY])
+    where = fs.join(path, BUCKETS_FILE)
     try:
-        return int(json.loads(fs.read_text(fs.join(path, BUCKETS_FILE)))["buckets"])
+        text = fs.read_text(where)
     except FileNotFoundError:
         return None
+    try:
+        buckets = json.loads(text)["buckets"]
+        if not isinstance(buckets, int) or isinstance(buckets, bool) or not 1 <= buckets <= 4096:
+            raise ValueError(buckets)
+        return buckets
+    except (ValueError, KeyError, TypeError):
+        raise CompactionConfigError(f"{where} does not hold a bucket count: {text[:200]!r} "
+                                    "(expected {\"buckets\": N}, N from 1 to 4096)") from None
 
 
 @dataclass(frozen=True)
@@ -103,8 +112,9 @@ class CompactedTable:
         if self._stamp is None:            # fixed for the table's life: read once
             buckets = buckets_of(self.path, conf)
             if buckets is None:
-                raise CompactionConfigError(f"{self.path} is not a compacted table: it has no bucket "
-                                 f"count ({BUCKETS_FILE} or table property {BUCKETS_PROPERTY})")
+                raise CompactionConfigError(
+                    f"{self.path} is not a compacted table: it records no bucket count "
+                    f"({BUCKETS_FILE} or table property {BUCKETS_PROPERTY})")
             self.buckets = buckets
         by_bucket: dict[int, list[str]] = {}
         for a in adds:

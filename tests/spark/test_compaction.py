@@ -241,6 +241,11 @@ def test_a_table_from_before_the_bucket_file_and_a_table_that_is_not_compacted(
         compact_topic(spark, endpoints, topic + "-o", other)
     with pytest.raises(CompactionConfigError, match="is not a compacted table"):
         CompactedTable(other).get(b"k")
+    # A damaged bucket file is named, with what it should hold; nothing is written.
+    (tmp_path / "other" / "_rmq_table.json").write_text('{"buckets": "many"}')
+    with pytest.raises(CompactionConfigError, match=r"_rmq_table.json does not hold a bucket "
+                       r"count: .*many.*expected \{\"buckets\": N\}"):
+        CompactedTable(other).get(b"k")
 
 
 def test_lookup_sees_the_hot_tail_before_the_table(spark, client, endpoints, compact):
