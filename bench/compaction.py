@@ -264,7 +264,7 @@ def measure_all(root: str, args) -> tuple[list[dict], dict]:
 
 
 def render(ratios: list[dict], lookups: dict, load: dict) -> str:
-    head = (f"{'row':<44}{'updates':>8}{'records':>9}{'keys':>9}{'records/s':>11}"
+    head = (f"{'row':<44}{'updates':>8}{'records':>11}{'keys':>11}{'records/s':>11}"
             f"{'vs peer':>9}{'rounds':>12}{'target':>8}  result")
     lines = [head, "-" * len(head)]
     for r in ratios:
@@ -279,7 +279,7 @@ def render(ratios: list[dict], lookups: dict, load: dict) -> str:
             if key == "compact":
                 met = r[key] / r["peer"] >= TARGET_COMPACT
                 vs += f"{'>=' + format(TARGET_COMPACT, '.0%'):>8}  {'MET' if met else 'NOT MET'}"
-            lines.append(f"{name:<44}{r['ratio']:>8.0%}{r['records']:>9,}{r['keys']:>9,}"
+            lines.append(f"{name:<44}{r['ratio']:>8.0%}{r['records']:>11,}{r['keys']:>11,}"
                          f"{r[key]:>11,.0f}{vs}")
     t = lookups["table"]
     head = (f"\n{'lookup, ' + format(t['keys'], ',') + ' keys':<44}{'count':>9}{'p50 ms':>9}"
