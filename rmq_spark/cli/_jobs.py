@@ -152,13 +152,13 @@ def cmd_get(client: Client, a) -> int:
     """The key's latest value: the hot tail first, then the compacted table if there is one."""
     from ..compaction import CompactionConfigError, KeyLookup
 
+    key = a.key.encode()
     try:
         look = KeyLookup(client, a.topic, a.table)
-    except CompactionConfigError as e:
+        rows = look.scan(key, a.limit) if a.prefix else [r for r in [look.latest(key)] if r]
+    except CompactionConfigError as e:       # also a table that turns out not to be one
         print(f"rmq get: {e}", file=sys.stderr)
         return 2
-    key = a.key.encode()
-    rows = look.scan(key, a.limit) if a.prefix else [r for r in [look.latest(key)] if r]
     if not rows:
         print(f"rmq get: no value for key {a.key!r} in {a.topic}", file=sys.stderr)
         return 1

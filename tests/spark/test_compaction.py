@@ -216,7 +216,7 @@ def test_bad_arguments_change_nothing(spark, client, endpoints, tmp_path):
 
 
 def test_a_table_from_before_the_bucket_file_and_a_table_that_is_not_compacted(
-        spark, client, endpoints, compact, tmp_path):
+        spark, client, endpoints, compact, tmp_path, capsys):
     """A table created by CREATE TABLE with the property rmq.buckets (before
     _rmq_table.json) keeps its bucket count; a Delta table of other columns is refused."""
     from delta.tables import DeltaTable
@@ -246,6 +246,11 @@ def test_a_table_from_before_the_bucket_file_and_a_table_that_is_not_compacted(
     with pytest.raises(CompactionConfigError, match=r"_rmq_table.json does not hold a bucket "
                        r"count: .*many.*expected \{\"buckets\": N\}"):
         CompactedTable(other).get(b"k")
+    from rmq_spark.cli.main import main as rmq
+    capsys.readouterr()
+    assert rmq(["--endpoints", endpoints, "get", topic + "-o", "k", "--table", other]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rmq get: ") and "does not hold a bucket count" in err
 
 
 def test_lookup_sees_the_hot_tail_before_the_table(spark, client, endpoints, compact):
