@@ -49,9 +49,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 # tiering and spark_read live next to this file; importing them puts the checkout on sys.path.
-from spark_read import BENCH_DIR, QUEUES
-from tiering import (alternate, batch_seconds, check_produced, medians, round_ratios, setup_run,
-                     write_json)
+from spark_read import BENCH_DIR, QUEUES, alternate, medians, round_ratios
+from tiering import batch_seconds, check_produced, setup_run, write_json
 
 log = logging.getLogger("bench.compaction")
 UPDATE_RATIOS = (0.10, 0.90)
@@ -165,8 +164,9 @@ def measure_ratio(spark, cluster, client, root: str, ratio: float, args) -> dict
             raise RuntimeError(f"{path} holds {got:,} rows, expected {keys:,} keys")
     timed = split[1:]                                     # [0] is the warm-up
     batches = [args.records / b for _, b in timed]
+    out["rounds"]["compact_batches"] = batches
     return {"ratio": ratio, "records": args.records, "keys": keys, **out,
-            "compact_batches": float(np.median(batches)), "compact_batches_rounds": batches,
+            "compact_batches": float(np.median(batches)),
             "compact_outside_batches_s": float(np.median([t - b for t, b in timed]))}
 
 

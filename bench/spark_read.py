@@ -141,6 +141,18 @@ def alternate(runs: dict, rows: int, repeats: int) -> dict[str, list[float]]:
     return rates
 
 
+def medians(rounds: dict[str, list[float]]) -> dict:
+    """``alternate``'s rates -> the median under each label, and every round under
+    ``"rounds"`` (tables show the spread; ``round_ratios``)."""
+    return {**{label: statistics.median(r) for label, r in rounds.items()}, "rounds": rounds}
+
+
+def round_ratios(part: dict, key: str, peer: str) -> tuple[float, float]:
+    """Lowest and highest ratio of ``key`` to ``peer`` measured in the same round."""
+    ratios = [a / b for a, b in zip(part["rounds"][key], part["rounds"][peer])]
+    return min(ratios), max(ratios)
+
+
 def arrow_ceiling_source(template_ipc: bytes):
     """A DataSource class yielding ``template`` batches: no I/O, no decoding."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -228,8 +240,7 @@ def measure_size(spark, client, endpoints: str, size: int, count: int, args, roo
     rounds = alternate({"rocketmq": lambda: noop(df), "network": lambda: noop(network), **extra,
                         "parquet": lambda: noop(spark.read.parquet(path)),
                         "ceiling": lambda: noop(mem)}, rows, args.repeats)
-    rates = {label: statistics.median(r) for label, r in rounds.items()}
-    return {"size": size, "rows": rows, **rates, "rounds": rounds,
+    return {"size": size, "rows": rows, **medians(rounds),
             **query_cost(spark, reader, noop, size, args)}
 
 
@@ -324,7 +335,7 @@ def render(results: list[dict], latency: dict) -> str:
                          f"{'MET' if ratio >= target else 'NOT MET'}")
         if "kafka_tuned" in r:
             for key in ("rocketmq", "network"):
-                worst = min(a / b for a, b in zip(r["rounds"][key], r["rounds"]["kafka_tuned"]))
+                worst = round_ratios(r, key, "kafka_tuned")[0]
                 lines.append(f"target: {r['size']} B read ({key} path) ahead of Kafka tuned in "
                              f"every round: lowest round's ratio {worst:.2f} "
                              f"{'MET' if worst >= 1 else 'NOT MET'}")

@@ -50,7 +50,8 @@ import tempfile
 import time
 
 # spark_read lives next to this file; importing it also puts the checkout on sys.path.
-from spark_read import BENCH_DIR, QUEUES, alternate, compile_sources, produce
+from spark_read import (BENCH_DIR, QUEUES, alternate, compile_sources, medians, produce,
+                        round_ratios)
 
 log = logging.getLogger("bench.tiering")
 TARGET_TIERING = 0.80       # issue 24 (0.60 before)
@@ -68,21 +69,6 @@ ROWS = (("tiering", "tier_topic, available-now", "copy"),
         ("delta", 'archive alone, format("delta")', None))
 PART1 = ("tiering", "tiering_batches", "copy")
 TARGETS = {"tiering": TARGET_TIERING, "rocketmq": TARGET_HISTORY}
-
-
-def medians(rounds: dict[str, list[float]]) -> dict:
-    """``alternate``'s rates per round -> the median under each label, the rounds under
-    ``label + "_rounds"`` (the tables show the spread of the per-round ratios)."""
-    out: dict = {}
-    for label, rates in rounds.items():
-        out[label], out[label + "_rounds"] = statistics.median(rates), list(rates)
-    return out
-
-
-def round_ratios(part: dict, key: str, peer: str) -> tuple[float, float]:
-    """Lowest and highest ratio of ``key`` to ``peer`` measured in the same round."""
-    ratios = [a / b for a, b in zip(part[key + "_rounds"], part[peer + "_rounds"])]
-    return min(ratios), max(ratios)
 
 
 def check_produced(client, topic: str, rows: int) -> int:
@@ -176,8 +162,8 @@ def measure_tiering(spark, root: str, store: Store, args) -> dict:
                 raise RuntimeError(f"{path} holds {got:,} rows, expected {args.rows:,}")
     timed = split[1:]                                     # [0] is the warm-up
     batches = [args.rows / b for _, b in timed]
-    return {"rows": args.rows, **out, "tiering_batches_rounds": batches,
-            "tiering_batches": statistics.median(batches),
+    out["rounds"]["tiering_batches"] = batches
+    return {"rows": args.rows, **out, "tiering_batches": statistics.median(batches),
             "tiering_outside_batches_s": statistics.median(t - b for t, b in timed),
             "requests": {k: {"per_run": statistics.median(r for r, _ in v[1:] or v),
                              "batches": statistics.median(n for _, n in v[1:] or v)}
