@@ -30,8 +30,8 @@ def delta_conf(spark) -> dict[str, str]:
     version up in the table's state, which Delta rebuilds after each commit in
     ``snapshotPartitions`` tasks: 50 by default, ~10x the cost of a small append
     on a 2-core machine (the idempotent write of a 200,000-record compaction
-    batch: 3.5-3.8 s against 1.9 s). As many partitions as the application has cores, unless the session
-    sets its own.
+    batch: 3.5-3.8 s against 1.9 s). As many partitions as the application has
+    cores, unless the session sets its own.
     """
     if spark.conf.get(_SNAPSHOT_PARTITIONS, None) is not None:
         return {}
