@@ -41,6 +41,14 @@ def _var(typ, n: int, off: np.ndarray, data, validity: pa.Buffer | None = None) 
     return pa.Array.from_buffers(typ, n, [validity, _buf(off), _buf(data)])
 
 
+def _fixed(typ, values: np.ndarray, dtype) -> pa.Array:
+    """A fixed-width column over ``values``' memory. (``pa.array`` of a numpy array
+    imports pandas, 0.3 s, to ask whether it is a Series: in every Python worker
+    and in the driver-side runner each streaming query starts.)"""
+    values = np.ascontiguousarray(values, dtype)
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
 def _validity(valid: np.ndarray) -> pa.Buffer | None:
     """An Arrow validity bitmap, or None when every slot is valid."""
     return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -74,17 +82,17 @@ def _to_arrow(headers: list[framing.BatchHeader], c: records.Columns, topic: str
     store_us = np.repeat(np.fromiter((h.store_ts for h in headers), np.int64, len(headers)),
                          counts) * 1000
     m = int(c.prop_off[-1])
-    props = pa.MapArray.from_arrays(pa.array(c.prop_off, pa.int32()),
+    props = pa.MapArray.from_arrays(_fixed(pa.int32(), c.prop_off, np.int32),
                                     _var(pa.string(), m, c.pk_off, c.pk_data),
                                     _var(pa.string(), m, c.pv_off, c.pv_data))
     cols = [
         _var(pa.binary(), n, c.key_off, c.key_data, _validity(c.has_key())),
         _var(pa.binary(), n, c.value_off, c.value_data, _validity(~c.value_null())),
         _constant_strings(topic, n),
-        pa.array(np.full(n, queue, np.int32)),
-        pa.array(offsets),
-        pa.array(store_us).cast(ARROW_SCHEMA.field("timestamp").type),
-        pa.array(c.born_ts * 1000).cast(ARROW_SCHEMA.field("born_timestamp").type),
+        _fixed(pa.int32(), np.full(n, queue, np.int32), np.int32),
+        _fixed(pa.int64(), offsets, np.int64),
+        _fixed(ARROW_SCHEMA.field("timestamp").type, store_us, np.int64),
+        _fixed(ARROW_SCHEMA.field("born_timestamp").type, c.born_ts * 1000, np.int64),
         _var(pa.string(), n, c.tags_off, c.tags_data),
         props,
         _msg_ids(topic, queue, offsets),
@@ -106,8 +114,10 @@ def with_headers(rb: pa.RecordBatch) -> pa.RecordBatch:
     entries = pa.StructArray.from_arrays(
         [props.keys.slice(lo, n), props.items.slice(lo, n).cast(pa.binary())], ["key", "value"])
     none = (np.diff(offsets) == 0) | props.is_null().to_numpy(zero_copy_only=False)
-    headers = pa.ListArray.from_arrays(pa.array(offsets - lo, pa.int32()), entries,
-                                       type=HEADERS_FIELD.type, mask=pa.array(none))
+    headers = pa.ListArray.from_arrays(_fixed(pa.int32(), offsets - lo, np.int32), entries,
+                                       type=HEADERS_FIELD.type,
+                                       mask=pa.Array.from_buffers(pa.bool_(), len(none), [
+                                           None, pa.py_buffer(np.packbits(none, bitorder="little"))]))
     return rb.add_column(at + 1, HEADERS_FIELD, headers)
 
 
