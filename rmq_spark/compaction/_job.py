@@ -45,8 +45,8 @@ from rmq_spark.jobs.lease import JobLease, LeaseLost
 from rmq_spark.spark import session_conf
 
 from .errors import CompactionConfigError
-from .table import (BUCKETS_FILE, BUCKETS_PROPERTY, DEFAULT_BUCKETS, TABLE_DDL, buckets_of,
-                    write_buckets)
+from .table import (BUCKETS_FILE, BUCKETS_PROPERTY, DEFAULT_BUCKETS, ROW_GROUP_CONF, TABLE_DDL,
+                    buckets_of, write_buckets)
 
 __all__ = ["compact_topic", "CompactLease", "CompactSettings"]
 
@@ -152,7 +152,7 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     lease.take()
     try:
         # The query keeps its own copy of the confs from start() on.
-        with session_conf(spark, {**UTC_CONF, **delta_conf(spark)}):
+        with session_conf(spark, {**UTC_CONF, **delta_conf(spark), **ROW_GROUP_CONF}):
             buckets_now, empty = _ensure_table(spark, s)
             say = progress or (lambda line: log.info("%s", line))
             writer = _BatchWriter(s, buckets_now, say, lease, empty)

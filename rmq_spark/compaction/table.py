@@ -32,12 +32,18 @@ from rmq_spark.archive.reader import delta_file_path, delta_log
 from .errors import CompactionConfigError
 
 
-__all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "TABLE_DDL", "bucket_of", "buckets_of",
-           "write_buckets", "CompactedTable", "TableRow"]
+__all__ = ["BUCKETS_PROPERTY", "DEFAULT_BUCKETS", "ROW_GROUP_CONF", "TABLE_DDL", "bucket_of",
+           "buckets_of", "write_buckets", "CompactedTable", "TableRow"]
 
 BUCKETS_PROPERTY = "rmq.buckets"
 BUCKETS_FILE = "_rmq_table.json"
 DEFAULT_BUCKETS = 32
+# A lookup reads its bucket's key column, then the whole row group holding the key
+# (``_read_row``). The job writes each bucket as one file, and Parquet's default row
+# group is 128 MB, so a row group would grow with the table: 1 MB (uncompressed, as
+# the writer counts) bounds what a lookup reads past the keys. The job sets it on its
+# session (Spark hands SQL confs to the Parquet writer) for the first write and MERGE.
+ROW_GROUP_CONF = {"parquet.block.size": str(1 << 20)}
 TABLE_DDL = ("key binary, value binary, topic string, queue int, offset long, "
              "timestamp timestamp, born_timestamp timestamp, tags string, "
              "properties map<string,string>, msg_id string, bucket int")

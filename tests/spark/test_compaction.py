@@ -91,6 +91,32 @@ def test_point_lookup_and_prefix_scan(spark, client, endpoints, compact):
     assert look.latest(b"late-key").value == b"late"
 
 
+def test_a_bucket_file_keeps_its_row_groups_small_for_lookups(spark, client, endpoints, compact):
+    """A lookup reads the whole row group holding its key: the first write and a MERGE
+    both cut a bucket's file into row groups of about 1 MB, not one per file."""
+    import pyarrow.parquet as pq
+    topic, table = compact
+    _produce_updates(client, topic, 12_000, keys=11_000, queues=3, seed=11, pad=300)
+    compact_topic(spark, endpoints, topic, table, buckets=1)     # ~3.6 MB in one bucket
+
+    def row_groups():
+        files = spark.read.format("delta").load(table).inputFiles()
+        metas = [pq.ParquetFile(f.removeprefix("file:")).metadata for f in files]
+        return [m.row_group(i).total_byte_size for m in metas for i in range(m.num_row_groups)]
+
+    sizes = row_groups()
+    assert len(sizes) >= 3 and max(sizes) < 2 << 20, sizes
+    _produce_updates(client, topic, 4_000, keys=11_000, queues=3, seed=12, prefix="w", pad=300)
+    compact_topic(spark, endpoints, topic)                      # MERGE into the table
+    sizes = row_groups()
+    assert len(sizes) >= 3 and max(sizes) < 2 << 20, sizes
+    want = _expected(spark, endpoints, topic)
+    t = CompactedTable(table)
+    for key in random.Random(13).sample(sorted(want), 50):
+        row = t.get(key)
+        assert (row.value, row.queue, row.offset) == want[key]
+
+
 def test_replayed_batch_is_applied_once(spark, client, endpoints, compact, tmp_path):
     """A batch run again (its commit lost) leaves the table as one run did."""
     import os
