@@ -334,6 +334,7 @@ def plot(ratios: list[dict], lookups: dict, path: str) -> None:
     right.legend(fontsize=8)
     fig.suptitle("rmq-spark compaction, local[2]", fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # bench/results/ is not in git
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -365,11 +366,11 @@ def main(argv=None) -> int:
         ratios, lookups = measure_all(root, args)
     load["end"] = os.getloadavg()[0]
     print(render(ratios, lookups, load))
+    if args.json:
+        write_json(args.json, {"compaction": ratios, "lookups": lookups}, load, args)
     if args.plot:
         plot(ratios, lookups, args.plot)
         log.info("chart saved to %s", args.plot)
-    if args.json:
-        write_json(args.json, {"compaction": ratios, "lookups": lookups}, load, args)
     return 0
 
 

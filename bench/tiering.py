@@ -287,6 +287,7 @@ def plot(tiering: dict, history: dict, size: int, path: str, store: str = "local
     fig.suptitle(f"rmq-spark tiering, {part['rows']:,} x {size} B, local[2], archives on {store}",
                  fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # bench/results/ is not in git
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -351,11 +352,11 @@ def main(argv=None) -> int:
             store.stop()
     load["end"] = os.getloadavg()[0]
     print(render(tiering, history, args.size, load, args.store))
+    if args.json:
+        write_json(args.json, {"tiering": tiering, "history": history}, load, args)
     if args.plot:
         plot(tiering, history, args.size, args.plot, args.store)
         log.info("chart saved to %s", args.plot)
-    if args.json:
-        write_json(args.json, {"tiering": tiering, "history": history}, load, args)
     return 0
 
 
