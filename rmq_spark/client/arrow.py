@@ -49,9 +49,14 @@ def _fixed(typ, values: np.ndarray, dtype) -> pa.Array:
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
+def _bitmap(bits: np.ndarray) -> pa.Buffer:
+    """Booleans as an Arrow bitmap (least significant bit first)."""
+    return pa.py_buffer(np.packbits(bits, bitorder="little"))
+
+
 def _validity(valid: np.ndarray) -> pa.Buffer | None:
     """An Arrow validity bitmap, or None when every slot is valid."""
-    return None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return None if valid.all() else _bitmap(valid)
 
 
 def _constant_strings(text: str, n: int) -> pa.Array:
@@ -116,8 +121,8 @@ def with_headers(rb: pa.RecordBatch) -> pa.RecordBatch:
     none = (np.diff(offsets) == 0) | props.is_null().to_numpy(zero_copy_only=False)
     headers = pa.ListArray.from_arrays(_fixed(pa.int32(), offsets - lo, np.int32), entries,
                                        type=HEADERS_FIELD.type,
-                                       mask=pa.Array.from_buffers(pa.bool_(), len(none), [
-                                           None, pa.py_buffer(np.packbits(none, bitorder="little"))]))
+                                       mask=pa.Array.from_buffers(pa.bool_(), len(none),
+                                                                  [None, _bitmap(none)]))
     return rb.add_column(at + 1, HEADERS_FIELD, headers)
 
 
