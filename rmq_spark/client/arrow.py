@@ -49,6 +49,21 @@ def _fixed(typ, values: np.ndarray, dtype) -> pa.Array:
     return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
 
 
+def _numpy(arr: pa.Array, dtype) -> np.ndarray:
+    """A fixed-width array without nulls as a numpy view of its memory (``to_numpy``
+    imports pandas too, whatever the array)."""
+    return np.frombuffer(arr.buffers()[1], dtype, arr.offset + len(arr))[arr.offset:]
+
+
+def _is_null(arr: pa.Array) -> np.ndarray:
+    """Which slots of ``arr`` are null, from its validity bitmap (see ``_numpy``)."""
+    validity = arr.buffers()[0]
+    if validity is None or not arr.null_count:
+        return np.zeros(len(arr), bool)
+    bits = np.unpackbits(np.frombuffer(validity, np.uint8), count=arr.offset + len(arr), bitorder="little")
+    return bits[arr.offset:] == 0
+
+
 def _bitmap(bits: np.ndarray) -> pa.Buffer:
     """Booleans as an Arrow bitmap (least significant bit first)."""
     return pa.py_buffer(np.packbits(bits, bitorder="little"))
@@ -114,11 +129,11 @@ def with_headers(rb: pa.RecordBatch) -> pa.RecordBatch:
     """
     at = rb.schema.get_field_index("properties")
     props = rb.column(at)
-    offsets = props.offsets.to_numpy()
+    offsets = _numpy(props.offsets, np.int32)
     lo, n = int(offsets[0]), int(offsets[-1] - offsets[0])    # ``props`` may be a slice
     entries = pa.StructArray.from_arrays(
         [props.keys.slice(lo, n), props.items.slice(lo, n).cast(pa.binary())], ["key", "value"])
-    none = (np.diff(offsets) == 0) | props.is_null().to_numpy(zero_copy_only=False)
+    none = (np.diff(offsets) == 0) | _is_null(props)
     headers = pa.ListArray.from_arrays(_fixed(pa.int32(), offsets - lo, np.int32), entries,
                                        type=HEADERS_FIELD.type,
                                        mask=pa.Array.from_buffers(pa.bool_(), len(none),
@@ -166,7 +181,7 @@ def batches_to_arrow(buf: bytes, topic: str, queue: int, start: int = 0,
     rb = _to_arrow(headers, cols, topic, queue)
     first, last = headers[0], headers[-1]
     if first.base_offset < start or (end is not None and last.last_offset >= end):
-        offs = rb.column(4).to_numpy()
+        offs = _numpy(rb.column(4), np.int64)
         i0 = int(np.searchsorted(offs, start))
         i1 = len(offs) if end is None else int(np.searchsorted(offs, end))
         rb = rb.slice(i0, i1 - i0)

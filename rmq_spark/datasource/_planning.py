@@ -9,17 +9,19 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from pyspark.sql.datasource import InputPartition
 
 from rmq_spark.archive import layout
-from rmq_spark.archive.reader import ArchiveSnapshot, QueueFiles, load_snapshot, offset_for_timestamp
 from rmq_spark.client import Client, NotFound, QueueOffsets
 
 from . import _offsets
 from ._options import Bound, ReadOptions
 from .errors import DataLossError, OptionError
+
+if TYPE_CHECKING:       # archive.reader (pyarrow.parquet) is imported where an archive is read
+    from rmq_spark.archive.reader import ArchiveSnapshot, QueueFiles
 
 __all__ = ["QueueRange", "QueueRanges", "ArchiveRange", "QueueView", "plan_hot", "subscribed_topics",
            "subscribed_state", "queue_state", "resolve", "split_ranges", "cap_by_backlog",
@@ -129,6 +131,7 @@ def queue_state(client: Client, topics: Iterable[str], archive: bool = True,
         spans: dict[int, QueueFiles] = {}
         if spec:
             if spec not in snapshots:
+                from rmq_spark.archive.reader import load_snapshot
                 snapshots[spec] = load_snapshot(layout.parse_tier(spec))
             snap = snapshots[spec]
             spans = snap.spans(t) if snap is not None else {}
@@ -179,6 +182,7 @@ def _position(client: Client, bound: Bound, default: str, topic: str, o: QueueOf
         return value
     ts = bound.timestamp if kind == "timestamp" else value
     if o.archive is not None:
+        from rmq_spark.archive.reader import offset_for_timestamp
         found = offset_for_timestamp(o.archive, o.queue, ts)
         if found is not None and found < max(o.archive.end, o.hot_earliest):
             return found

@@ -19,7 +19,6 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rmq_spark.archive.errors import ArchiveError
-from rmq_spark.archive.reader import read_files
 from rmq_spark.client import Client, OutOfRange, TlsFiles
 from rmq_spark.client.arrow import ARROW_SCHEMA, empty_batch, with_headers
 from storage_service.protocol.buffers import reuse_big_buffers
@@ -94,6 +93,8 @@ ARCHIVE_BATCH_ROWS = 65_536
 
 def read_archive(opts: ReadOptions, part: ArchiveRange) -> Iterator[pa.RecordBatch]:
     """Yield the rows of ``part`` from its archive files; missing offsets are data loss."""
+    from rmq_spark.archive.reader import read_files      # (pyarrow.parquet: only where archives are read)
+
     table = read_files(list(part.files), part.topic, part.queue, part.start, part.end, ARROW_SCHEMA)
     offsets = table.column("offset").to_numpy()
     if len(offsets) != part.end - part.start:
