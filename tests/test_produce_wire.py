@@ -12,8 +12,9 @@ import pytest
 
 from rmq_spark.client import Client
 from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
-from rmq_spark.client.errors import InvalidArgument, NotFound
-from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES,
+from rmq_spark.client.errors import InvalidArgument, NotFound, NotLeader, OutOfRange
+from storage_service.protocol.fetch_wire import decode_fetch_response
+from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_FETCH, METHOD_PRODUCE_BATCHES,
                                                      WireProtocolError, hello)
 from storage_service.server.produce_port import ProduceWireServer, recv_exact
 from storage_service.proto import rmq_pb2
@@ -22,6 +23,7 @@ from storage_service.protocol.placement import produce_address
 from storage_service.server.service import _produce_server
 
 from .conftest import wait_until
+from .scrape import total
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +72,7 @@ def _closed(s: socket.socket) -> bool:
 def test_produce_batches_goes_over_the_produce_port(cluster, client, topic):
     res = client.produce_batches([(topic, q, [f"v{q}".encode()]) for q in range(4)])
     assert [(r.queue, r.base_offset, r.count) for r in res] == [(q, 0, 1) for q in range(4)]
-    conns = [c for t in client._transports for c in t._conns if not c.closed]
+    conns = [c for t in client._transports.values() for c in t._conns if not c.closed]
     assert conns, "no produce-port connection was opened"
     for q in range(4):
         assert [r.value for r in client.fetch(topic, q, 0).records] == [f"v{q}".encode()]
@@ -399,14 +401,96 @@ def test_an_idle_connection_closes_itself_and_the_next_call_reopens(cluster, top
     monkeypatch.setattr(pw, "IDLE_CLOSE", 0.3)
     with Client(cluster.endpoints, timeout=30) as c:
         c.produce_batches([(topic, 0, [b"a"])])
-        first = [conn for t in c._transports for conn in t._conns]
+        first = [conn for t in c._transports.values() for conn in t._conns]
         assert first
         wait_until(lambda: all(conn.closed for conn in first), timeout=10, what="idle connections closed")
         assert c.produce_batches([(topic, 0, [b"b"])])[0].base_offset == 1
-        assert any(not conn.closed for t in c._transports for conn in t._conns)
+        assert any(not conn.closed for t in c._transports.values() for conn in t._conns)
 
 
 def test_a_produce_port_on_another_nodes_port_is_not_served(cluster, caplog):
     taken = set(cluster.addresses)
     assert _produce_server(lambda request: None, cluster.addresses[1], taken) is None
     assert "another node's gRPC or raft port" in caplog.text
+
+
+# ------------------------------------------------------------ Fetch on the port
+def _fetch_answers(cluster, protocol: str) -> float:
+    return total(cluster, "rmq_requests_total", method="Fetch", protocol=protocol, code="OK")
+
+
+def test_a_fetch_goes_over_the_produce_port_and_reads_what_grpc_reads(cluster, client, topic):
+    big = [bytes([65 + i % 26]) * 1024 for i in range(3000)]           # ~3 MB: a frame of many reads
+    client.produce_batches([(topic, 0, big[:1500])])
+    client.produce_batches([(topic, 0, big[1500:])])
+    client.produce_batches([(topic, q, [f"k{q}-{i}".encode() for i in range(50)]) for q in (1, 2, 3)])
+    before = _fetch_answers(cluster, "produce_port")
+    with Client(cluster.endpoints, produce_port=False) as over_grpc:
+        for q in range(4):
+            wire = client.fetch_arrow(topic, q, 0, max_bytes=8 << 20)
+            grpc_ = over_grpc.fetch_arrow(topic, q, 0, max_bytes=8 << 20)
+            # (the test cluster's 64 KiB segments hold one of the 1.5 MB batches each)
+            assert wire[0].num_rows == (1500 if q == 0 else 50)
+            assert wire[0].equals(grpc_[0]) and wire[1:] == grpc_[1:]
+            a, b = client.fetch(topic, q, 3, max_messages=5), over_grpc.fetch(topic, q, 3, max_messages=5)
+            assert [(r.offset, r.value, r.store_timestamp) for r in a.records] == \
+                   [(r.offset, r.value, r.store_timestamp) for r in b.records]
+            assert (a.next_offset, a.earliest, a.latest, a.served_by) == \
+                   (b.next_offset, b.earliest, b.latest, b.served_by)
+    assert _fetch_answers(cluster, "produce_port") - before >= 8                  # all of the above
+
+
+def test_a_failed_fetch_on_the_port_raises_what_grpc_raises(cluster, client, topic):
+    """The node's error is asked again over gRPC, whose answer carries the leader's
+    address and the queue's offsets: the same exception either way."""
+    client.produce(topic, [b"x"] * 3, queue=1)
+    follower = cluster.addresses[(_leader_of(client, topic, 1) + 1) % cluster.nodes]
+    with Client(cluster.endpoints, produce_port=False) as over_grpc:
+        for c in (client, over_grpc):
+            with pytest.raises(OutOfRange) as e:
+                c.fetch(topic, 1, 4)
+            assert (e.value.earliest, e.value.latest) == (0, 3)
+            with pytest.raises(NotLeader) as e:
+                c.fetch(topic, 1, 0, address=follower)
+            assert e.value.leader == cluster.addresses[_leader_of(client, topic, 1)]
+            assert [r.offset for r in c.fetch(topic, 1, 0).records] == [0, 1, 2]   # routed on
+
+
+def test_fetch_frames_bad_input_and_a_long_poll_on_the_raw_port(cluster, client, topic):
+    q = 3
+    with _connect(cluster, _leader_of(client, topic, q)) as s:
+        rid, code, body = _call(s, b"\xff\xff\xff garbage", method=METHOD_FETCH, rid=3)
+        assert (rid, code) == (3, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        assert b"not a FetchRequest" in body
+        req = rmq_pb2.FetchRequest(topic=topic, queue=q, offset=0, max_bytes=-1)
+        rid, code, body = _call(s, req.SerializeToString(), method=METHOD_FETCH, rid=4)
+        assert (rid, code) == (4, grpc.StatusCode.INVALID_ARGUMENT.value[0]) and b"max_bytes" in body
+        # a long poll at the end of the queue waits for the next message (parked, as over gRPC)
+        later = threading.Timer(0.5, lambda: client.produce(topic, [b"late"], queue=q))
+        later.start()
+        started = time.monotonic()
+        req = rmq_pb2.FetchRequest(topic=topic, queue=q, offset=0, wait_ms=20_000)
+        rid, code, body = _call(s, req.SerializeToString(), method=METHOD_FETCH, rid=5)
+        later.join()
+        reply = decode_fetch_response(body)
+        assert (rid, code, reply.next_offset, reply.latest) == (5, 0, 1, 1)
+        assert b"late" in bytes(reply.batches) and time.monotonic() - started < 15
+
+
+def test_a_node_whose_produce_port_predates_fetch_is_asked_over_grpc():
+    """A node of an older version answers Fetch on its port UNIMPLEMENTED: the
+    transport says so (None: ask over gRPC) and stops asking the port for a while."""
+    old = ProduceWireServer(lambda request: rmq_pb2.ProduceBatchesResponse(), "127.0.0.1", 0)
+    t = ProduceTransport(old.address, fallback=_Recorder())
+    try:
+        req = rmq_pb2.FetchRequest(topic="t", queue=0, offset=0)
+        assert t.fetch(req, timeout=5) is None
+        assert t._fetch_unserved_until > time.monotonic() + 20
+        assert t.future(rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")]),
+                        timeout=5).result(5) == rmq_pb2.ProduceBatchesResponse()   # produce still does
+        assert t._fallback_until == 0
+    finally:
+        t.close()
+        old.stop()
+    gone = ProduceTransport(f"127.0.0.1:{_unused_port()}", fallback=_Recorder())
+    assert gone.fetch(rmq_pb2.FetchRequest(topic="t"), timeout=5) is None and gone._fallback_until > 0

@@ -20,7 +20,8 @@ from rmq_spark.client.errors import AlreadyExists, FailedPrecondition
 from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import produce_address
-from storage_service.protocol.produce_frames import HELLO, FrameReader, check_hello, frame_head, hello
+from storage_service.protocol.fetch_wire import decode_fetch_response
+from storage_service.protocol.produce_frames import HELLO, METHOD_FETCH, FrameReader, check_hello, frame_head, hello
 from storage_service.protocol.tls import client_context
 from storage_service.security.tokens import TokenKeys
 
@@ -284,6 +285,11 @@ class _ProducePort:
         self.s.sendall(frame_head(rid, 1, len(body)) + body)
         return _read_frame(self.s, self.frames)
 
+    def fetch(self, topic: str, rid: int = 1) -> tuple[int, bytes]:
+        body = rmq_pb2.FetchRequest(topic=topic, queue=0, offset=0).SerializeToString()
+        self.s.sendall(frame_head(rid, METHOD_FETCH, len(body)) + body)
+        return _read_frame(self.s, self.frames)
+
     def close(self) -> None:
         self.s.close()
 
@@ -308,6 +314,13 @@ def test_the_produce_port_authenticates_its_hello_and_every_frame(cluster, admin
                                       operations=["produce"])])
         code, body = conn.produce("wire", 2)
         assert code == 0 and rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes[0].code == 0
+        # a fetch on the port is checked as gRPC's Fetch is: produce is not consume
+        code, body = conn.fetch("wire", 4)
+        assert code == 7 and b"'pete' may not consume topic 'wire'" in body, body
+        admin.change_acls(True, [dict(principal="pete", resource_type="topic", name="wire",
+                                      operations=["consume"])])
+        code, body = conn.fetch("wire", 5)
+        assert code == 0 and bytes(decode_fetch_response(body).batches).count(b"wire") == 1
         # rotated while the connection is open: its next frame is refused
         admin.create_principal("pete", rotate=True)
         code, body = conn.produce("wire", 3)

@@ -208,7 +208,7 @@ def test_a_tls_client_produces_batches_over_the_produce_port(secure):
         for th in threads:
             th.join()
         assert not errors, errors
-        assert c._transports and all(t._fallback_until == 0 for t in c._transports)
+        assert c._transports and all(t._fallback_until == 0 for t in c._transports.values())
         assert sum(o.latest for o in c.offsets("tls-batches")) == 4 * 20 * 4
         got = set()
         for q in range(4):

@@ -10,6 +10,10 @@ its connection limit; no hello in time) is asked over gRPC for
 ``FALLBACK_SECONDS`` before the port is tried again, and so is a request
 bigger than a frame may be (gRPC then names the limit).
 
+``ProduceTransport.fetch(request, timeout)`` sends a ``Fetch`` the same way
+and waits for it: the reply, or None when the port did not answer it and the
+caller should ask over gRPC (see ``fetch``).
+
 A connection answers its requests in order, so a transport keeps up to
 ``max_connections`` of them and gives each request one with nothing in
 flight when it can. A request past its deadline fails with
@@ -41,9 +45,11 @@ import grpc
 
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.errors import status_code
+from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
 from storage_service.protocol.tls import TlsBuffers
-from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_PRODUCE_BATCHES, FrameReader,
-                                                     WireProtocolError, check_hello, frame_head, hello)
+from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_FETCH, METHOD_PRODUCE_BATCHES,
+                                                     FrameReader, WireProtocolError, check_hello, frame_head,
+                                                     hello)
 
 __all__ = ["ProduceTransport", "WireCallError"]
 
@@ -101,13 +107,15 @@ class _Connection:
             self._sock.close()
             raise
         self._lock = threading.Lock()
-        self._pending: dict[int, tuple[Future, float]] = {}
+        self._pending: dict[int, tuple[Future, float, Callable]] = {}   # id -> (future, deadline, parse)
         self._next_id = 0
         self.closed = False
         self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
         self._reader.start()
 
-    def call(self, body: bytes, timeout: float) -> Future:
+    def call(self, body: bytes, timeout: float, method: int = METHOD_PRODUCE_BATCHES,
+             parse: Callable = rmq_pb2.ProduceBatchesResponse.FromString) -> Future:
+        """Send one request; its future gets ``parse(reply body)`` or a WireCallError."""
         fut: Future = Future()
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -115,9 +123,9 @@ class _Connection:
                 raise OSError(f"produce connection to {self.address} is closed")
             self._next_id = self._next_id % 0xFFFFFFFF + 1      # 0 is for connection errors
             rid = self._next_id
-            self._pending[rid] = (fut, deadline)
+            self._pending[rid] = (fut, deadline, parse)
             try:
-                self._send(frame_head(rid, METHOD_PRODUCE_BATCHES, len(body)), body, deadline)
+                self._send(frame_head(rid, method, len(body)), body, deadline)
                 return fut
             except OSError as e:
                 self._pending.pop(rid, None)
@@ -177,16 +185,16 @@ class _Connection:
                     # give the node its connection slot back; a new one opens on demand.
                     self._close(grpc.StatusCode.UNAVAILABLE, "idle")
                     return
-                if ready:
+                if ready and self._tls is None:
+                    self._receive_into(frames)
+                elif ready:
                     try:
                         chunk = self._sock.recv(1 << 16)
                     except BlockingIOError:
                         chunk = None
                     if chunk == b"":
                         raise WireProtocolError("closed by the node")
-                    if chunk and self._tls is not None:
-                        chunk = self._tls.decrypt(chunk)
-                    for f in frames.feed(chunk or b""):
+                    for f in frames.feed(self._tls.decrypt(chunk) if chunk else b""):
                         self._answer(f.request_id, f.code, f.body)
                 if self._expired():
                     return
@@ -195,18 +203,33 @@ class _Connection:
         finally:
             self._sock.close()             # only here: no other thread polls it after a shutdown
 
+    def _receive_into(self, frames: FrameReader) -> None:
+        """Plaintext: received straight into the frame's buffer (a fetch's megabytes
+        are not copied out of 64 KiB chunks), until the socket has no more."""
+        while True:
+            with frames.want() as view:      # released before the next want() grows the body
+                try:
+                    n = self._sock.recv_into(view)
+                except BlockingIOError:
+                    return
+            if not n:
+                raise WireProtocolError("closed by the node")
+            f = frames.got(n)
+            if f is not None:
+                self._answer(f.request_id, f.code, f.body)
+
     def _wait(self) -> float:
         """Seconds until the earliest deadline in flight, at most ``POLL_SECONDS``
         (a request sent meanwhile may have an earlier one)."""
         with self._lock:
             if not self._pending:
                 return POLL_SECONDS
-            return max(0.0, min(POLL_SECONDS, min(d for _, d in self._pending.values()) - time.monotonic()))
+            return max(0.0, min(POLL_SECONDS, min(d for _, d, _ in self._pending.values()) - time.monotonic()))
 
     def _expired(self) -> bool:
         now = time.monotonic()
         with self._lock:
-            if not any(d <= now for _, d in self._pending.values()):
+            if not any(d <= now for _, d, _ in self._pending.values()):
                 return False
         self._close(grpc.StatusCode.DEADLINE_EXCEEDED, f"{self.address} did not answer in time")
         return True
@@ -215,7 +238,7 @@ class _Connection:
         if rid == 0:        # the node closes the connection after this
             raise WireProtocolError(body.decode(errors="replace"))
         with self._lock:
-            fut, _ = self._pending.pop(rid, (None, 0.0))
+            fut, _, parse = self._pending.pop(rid, (None, 0.0, None))
         if fut is None:
             return
         if code:
@@ -223,7 +246,7 @@ class _Connection:
                                             body.decode(errors="replace")))
             return
         try:
-            fut.set_result(rmq_pb2.ProduceBatchesResponse.FromString(body))
+            fut.set_result(parse(body))
         except Exception as e:             # a garbled answer: this request is lost, not the others
             fut.set_exception(WireCallError(grpc.StatusCode.UNAVAILABLE, f"bad answer from {self.address}: {e}"))
 
@@ -237,7 +260,7 @@ class _Connection:
             except OSError:
                 pass
         pending, self._pending = self._pending, {}
-        return [fut for fut, _ in pending.values()]
+        return [fut for fut, _, _ in pending.values()]
 
     def _close(self, code: grpc.StatusCode, why: str) -> None:
         with self._lock:
@@ -254,7 +277,7 @@ def _fail(futures: list[Future], code: grpc.StatusCode, why: str) -> None:
 
 
 class ProduceTransport:
-    """``ProduceBatches`` to one node over its produce port, else over gRPC."""
+    """``ProduceBatches`` (and ``Fetch``) to one node over its produce port, else over gRPC."""
 
     def __init__(self, address: str, fallback: Callable[..., grpc.Future], max_connections: int = 2,
                  token: str | None = None, ssl_context: ssl.SSLContext | None = None):
@@ -268,6 +291,7 @@ class ProduceTransport:
         self._busy: dict[_Connection, int] = {}   # requests given to each connection, not yet done
         self._opening = 0
         self._fallback_until = 0.0
+        self._fetch_unserved_until = 0.0
         self._closed = False
 
     def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float):
@@ -294,6 +318,32 @@ class ProduceTransport:
             return _failed(grpc.StatusCode.UNAVAILABLE, f"produce port {self.address}: {e}")
         fut.add_done_callback(lambda _: self._release(conn))
         return fut
+
+    def fetch(self, request: rmq_pb2.FetchRequest, timeout: float) -> FetchReply | None:
+        """``Fetch`` over the produce port: the reply, or None when the port did not
+        answer it (not served or not reachable, as for ``future``; or the node
+        answered an error, whose gRPC form carries what the caller's retries use:
+        the leader's address, the queue's offsets). The caller then asks over gRPC."""
+        if self._closed or time.monotonic() < max(self._fallback_until, self._fetch_unserved_until):
+            return None
+        try:
+            conn = self._connection(timeout)
+        except (OSError, WireProtocolError) as e:
+            log.info("produce port %s: %s; Fetch and ProduceBatches over gRPC for %.0f s",
+                     self.address, e, FALLBACK_SECONDS)
+            self._fallback_until = time.monotonic() + FALLBACK_SECONDS
+            return None
+        try:
+            return conn.call(request.SerializeToString(), timeout, METHOD_FETCH,
+                             decode_fetch_response).result()
+        except WireCallError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:     # a node from before Fetch on the port
+                self._fetch_unserved_until = time.monotonic() + FALLBACK_SECONDS
+            return None
+        except OSError:
+            return None
+        finally:
+            self._release(conn)
 
     def _connection(self, timeout: float) -> _Connection:
         """A connection with nothing in flight if there is one (or can be one),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import uuid
 from typing import Any, Iterable, Sequence
 
@@ -74,7 +75,7 @@ class Client(SecurityCalls):
         self._credentials = None if tls is None else channel_credentials(tls)
         self._ssl = None if tls is None else client_context(tls)
         self.produce_port = produce_port
-        self._transports: list[ProduceTransport] = []
+        self._transports: dict[str, ProduceTransport] = {}     # node -> its produce port
         self._closed = False
         self.timeout = timeout
         self.attempt_timeout = attempt_timeout   # one node may hang (paused): try the next
@@ -110,28 +111,43 @@ class Client(SecurityCalls):
                                             _registered_method=True)
         return stub
 
+    def _transport(self, address: str) -> ProduceTransport:
+        """The node's produce-port transport (``produce_port`` only)."""
+        with self._lock:
+            transport = self._transports.get(address)
+        if transport is None:
+            grpc_call = functools.partial(self._stub(address).ProduceBatches.future, metadata=self._metadata)
+            made = ProduceTransport(produce_address(address), fallback=grpc_call, token=self.token,
+                                    ssl_context=self._ssl)
+            with self._lock:
+                transport = made if self._closed else self._transports.setdefault(address, made)
+            if transport is not made or self._closed:    # another thread made one first; or closed
+                made.close()
+        return transport
+
     def _sender(self, address: str) -> ProduceSender:
         with self._lock:
             sender = self._senders.get(address)
         if sender is None:
-            grpc_call = functools.partial(self._stub(address).ProduceBatches.future, metadata=self._metadata)
-            transport = (ProduceTransport(produce_address(address), fallback=grpc_call, token=self.token,
-                                          ssl_context=self._ssl)
-                         if self.produce_port and not self._closed else None)
+            call = (self._transport(address).future if self.produce_port and not self._closed else
+                    functools.partial(self._stub(address).ProduceBatches.future, metadata=self._metadata))
             with self._lock:
-                sender = self._senders.get(address)
-                if sender is None:
-                    sender = self._senders[address] = ProduceSender(
-                        transport.future if transport else grpc_call)
-                    if transport:
-                        self._transports.append(transport)
-                    transport = None
-            if transport:                    # another thread made this node's sender first
-                transport.close()
+                sender = self._senders.setdefault(address, ProduceSender(call))
         return sender
 
     def _invoke(self, address: str, method: str, request: Any, timeout: float) -> Any:
-        """One attempt at one node; a failure comes back as the client's exception."""
+        """One attempt at one node; a failure comes back as the client's exception.
+
+        A fetch that does not wait goes over the node's produce port when it can
+        (``ProduceTransport.fetch``): a Spark task reading from another host
+        spent most of its node's CPU in gRPC's framing of the bytes. A long poll
+        stays on gRPC, which parks it without holding a connection of the port."""
+        if method == "Fetch" and not request.wait_ms and self.produce_port and not self._closed:
+            started = time.monotonic()
+            reply = self._transport(address).fetch(request, timeout)
+            if reply is not None:
+                return reply
+            timeout = max(0.01, timeout - (time.monotonic() - started))
         try:
             return getattr(self._stub(address), method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -477,7 +493,7 @@ class Client(SecurityCalls):
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            transports, self._transports, self._senders = self._transports, [], {}
+            transports, self._transports, self._senders = list(self._transports.values()), {}, {}
             for ch in self._channels.values():
                 ch.close()
             self._channels.clear()

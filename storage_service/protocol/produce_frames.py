@@ -16,11 +16,13 @@ token (``length`` bytes of UTF-8, at most ``MAX_TOKEN``): the node
 authenticates the connection by it (``server/authz.py``), as gRPC calls by
 their ``authorization`` metadata. A node's hello has no flags.
 
-In a request, ``code`` is the method (1 = ProduceBatches) and the body a
-``ProduceBatchesRequest``. In the reply (same request id), ``code`` is 0 and
-the body a ``ProduceBatchesResponse``, or a gRPC status number and the body a
-UTF-8 message saying what was wrong (the call failed as a whole; per-batch
-errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
+In a request, ``code`` is the method and the body its request message:
+1 = ProduceBatches (a ``ProduceBatchesRequest``), 2 = Fetch (a
+``FetchRequest``). In the reply (same request id), ``code`` is 0 and the body
+the method's response (a ``ProduceBatchesResponse``; a ``FetchResponse`` in
+``fetch_wire``'s encoding, which is protobuf's), or a gRPC status number and
+the body a UTF-8 message saying what was wrong (the call failed as a whole;
+per-batch errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
 hello that does not match is answered with an error frame (request id 0) and
 the connection is closed: after a bad length the stream cannot be trusted.
 Requests on one connection are answered in order; a client wanting several
@@ -35,7 +37,7 @@ import grpc
 
 from .errors import StorageError
 
-__all__ = ["FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
+__all__ = ["FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_FETCH", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
            "WireProtocolError", "check_hello", "error_frame", "frame_head", "hello"]
 
 MAGIC = b"RMQP"
@@ -43,6 +45,7 @@ VERSION = 1
 HELLO = struct.Struct("<4sHH")
 FRAME = struct.Struct("<III")
 METHOD_PRODUCE_BATCHES = 1
+METHOD_FETCH = 2
 MAX_FRAME = 128 << 20       # gRPC's message limit (placement.GRPC_OPTIONS)
 FLAG_TOKEN = 1
 TOKEN_LEN = struct.Struct("<H")

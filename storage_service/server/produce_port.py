@@ -13,6 +13,13 @@ are exactly the ``.proto``'s ``ProduceBatchesRequest`` and
 gRPC method; only the transport differs. gRPC's ``ProduceBatches`` stays, and
 the client falls back to it when the produce port does not answer.
 
+The port serves ``Fetch`` too, for the same reason on the read path: a Spark
+task on another host reading 1 KiB records spent ~3.5x the node CPU per
+byte through gRPC's HTTP/2 framing that a read of the segment file on the
+same host costs (``bench/README.md``). A fetch on the port runs as a gRPC
+``Fetch`` does (``AsyncServer.invoke``: the same gate, ``--max-requests``
+limit and long-poll parking); the connection's thread waits for its answer.
+
 A node takes at most ``MAX_CONNECTIONS`` at once (more are answered
 RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for
 ``IDLE_SECONDS``.
@@ -30,9 +37,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2
-from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_PRODUCE_BATCHES, TOKEN_LEN,
-                                       FrameReader, PeerClosed, WireProtocolError, check_hello, error_frame,
-                                       frame_head, hello)
+from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
+                                       METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
+                                       WireProtocolError, check_hello, error_frame, frame_head, hello)
 from ..protocol.tls import TlsSocket, common_name
 from .errors import ServiceError
 
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
 CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}    # a frame's code -> the metric's label
+METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch"}
 HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
 
 
@@ -78,21 +86,26 @@ def send_frame(sock: socket.socket, request_id: int, code: int, body: bytes) -> 
 
 
 class ProduceWireServer:
-    """Serves ``ProduceBatches`` frames on one TCP port, a thread per connection.
+    """Serves ``ProduceBatches`` and ``Fetch`` frames on one TCP port, a thread per connection.
 
     ``handle(request) -> response`` is the servicer's ProduceBatches (it raises
     ``ServiceError`` for a request that fails as a whole). A connection's
     thread blocks in ``handle`` while its batches commit, as a gRPC worker
     thread does; requests of other connections run meanwhile.
+    ``fetch(request, credentials) -> bytes`` answers a ``FetchRequest`` with the
+    encoded ``FetchResponse`` and raises ``CallFailed`` (None: the port answers
+    Fetch UNIMPLEMENTED and clients fetch over gRPC).
     """
 
     def __init__(self, handle: Callable[[rmq_pb2.ProduceBatchesRequest], rmq_pb2.ProduceBatchesResponse],
                  host: str, port: int, max_frame: int = MAX_FRAME,
-                 max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None, metrics=None):
+                 max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None, metrics=None,
+                 fetch: Callable[[rmq_pb2.FetchRequest, tuple], bytes] | None = None):
         """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
         the token in its hello (or its client certificate) and each request checked
-        as gRPC's ``ProduceBatches`` is."""
+        as gRPC's ``ProduceBatches`` is (a fetch is checked by ``fetch`` itself)."""
         self._handle = handle
+        self._fetch = fetch
         self._gate = gate
         self._metrics = metrics              # the node's NodeMetrics, or None
         self._ssl = ssl_context              # TLS: each connection's handshake on its own thread
@@ -165,9 +178,9 @@ class ProduceWireServer:
                 if frame is not None:
                     started = time.perf_counter()
                     code, reply = self._answer(frame.code, frame.body, credentials)
-                    if self._metrics is not None:
-                        self._metrics.request("ProduceBatches", "produce_port", CODE_NAMES.get(code, "UNKNOWN"),
-                                              time.perf_counter() - started)
+                    if self._metrics is not None and frame.code in METHOD_NAMES:
+                        self._metrics.request(METHOD_NAMES[frame.code], "produce_port",
+                                              CODE_NAMES.get(code, "UNKNOWN"), time.perf_counter() - started)
                     send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
@@ -185,10 +198,13 @@ class ProduceWireServer:
             conn.close()
 
     def _answer(self, method: int, body: bytearray, credentials=None) -> tuple[int, bytes]:
+        if method == METHOD_FETCH and self._fetch is not None:
+            return self._answer_fetch(body, credentials)
         if method != METHOD_PRODUCE_BATCHES:
+            served = {m: n for m, n in METHOD_NAMES.items() if m != METHOD_FETCH or self._fetch is not None}
             return _error(grpc.StatusCode.UNIMPLEMENTED,
-                          f"method {method}: the produce stream serves {METHOD_PRODUCE_BATCHES} "
-                          "(ProduceBatches) only")
+                          f"method {method}: the produce stream serves "
+                          + ", ".join(f"{m} ({n})" for m, n in sorted(served.items())))
         try:
             request = rmq_pb2.ProduceBatchesRequest.FromString(body)   # parses the bytearray as is
         except DecodeError as e:
@@ -203,6 +219,21 @@ class ProduceWireServer:
         except Exception:
             log.exception("ProduceBatches over the produce stream failed")
             return _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
+
+    def _answer_fetch(self, body: bytearray, credentials) -> tuple[int, bytes]:
+        from .dispatch import CallFailed
+
+        try:
+            request = rmq_pb2.FetchRequest.FromString(body)
+        except DecodeError as e:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a FetchRequest: {e}")
+        try:
+            return 0, self._fetch(request, credentials or (None, None))
+        except CallFailed as e:
+            return _error(e.code, e.details)
+        except Exception:
+            log.exception("Fetch over the produce stream failed")
+            return _error(grpc.StatusCode.INTERNAL, "Fetch: internal error (see node log)")
 
     def stop(self) -> None:
         with self._lock:

@@ -445,7 +445,7 @@ class Servers:
 
 
 def _produce_server(handle, address: str, taken: set[str] = frozenset(),
-                    ssl_context=None, gate=None, metrics=None) -> ProduceWireServer | None:
+                    ssl_context=None, gate=None, metrics=None, fetch=None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -456,10 +456,20 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset(),
         return None
     host, port = address.rsplit(":", 1)
     try:
-        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate, metrics=metrics)
+        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate, metrics=metrics,
+                                 fetch=fetch)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
+
+
+def _fetch_call(server: AsyncServer):
+    """``Fetch`` for the produce port: run as a gRPC call is (``AsyncServer.invoke``:
+    gate, limits, parking), waited for on the connection's thread."""
+    def fetch(request: rmq_pb2.FetchRequest, credentials: tuple) -> bytes:
+        response, _ = server.call_soon(server.invoke("Fetch", request, credentials)).result()
+        return response
+    return fetch
 
 
 def _http_server(server: AsyncServer, node: StorageNode, taken: set[str], ssl_context):
@@ -496,7 +506,7 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
     produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx,
-                              gate=node.gate, metrics=node.metrics)
+                              gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server))
     taken |= {produce_address(a) for a in c.addresses}
     http = _http_server(server, node, taken, ctx)
     return Servers(server, produce, http)
