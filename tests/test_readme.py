@@ -22,6 +22,7 @@ from rmq_spark.client import Client
 from storage_service.protocol.placement import http_address
 
 from .conftest import start_cluster
+from .test_notebooks import RUN_BY_THE_README_TOUR, check_outputs
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -101,7 +102,8 @@ def _run_notebook_on_the_same_cluster(endpoints: str, tmp_path) -> None:
     old = {k: os.environ.get(k) for k in ("RMQ_ENDPOINTS", "PYSPARK_PYTHON")}
     os.environ.update(RMQ_ENDPOINTS=endpoints, PYSPARK_PYTHON=sys.executable)
     try:
-        nb = nbformat.read(os.path.join(ROOT, "notebooks", "compacted_state.ipynb"), as_version=4)
+        [name] = RUN_BY_THE_README_TOUR
+        nb = nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
         NotebookClient(nb, timeout=900, kernel_name="python3",
                        resources={"metadata": {"path": str(tmp_path)}}).execute()
     finally:
@@ -109,5 +111,6 @@ def _run_notebook_on_the_same_cluster(endpoints: str, tmp_path) -> None:
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     with Client(endpoints) as c:
         after = {t["name"]: sum(o.latest for o in c.offsets(t["name"])) for t in c.list_topics()}
+    check_outputs(nb)                                          # the notebook's own test is this one
     assert {t: after[t] for t in before} == before            # the tour's topics untouched
     assert any(t.startswith("nb-balances-") for t in after)
