@@ -72,7 +72,7 @@ def _closed(s: socket.socket) -> bool:
 def test_produce_batches_goes_over_the_produce_port(cluster, client, topic):
     res = client.produce_batches([(topic, q, [f"v{q}".encode()]) for q in range(4)])
     assert [(r.queue, r.base_offset, r.count) for r in res] == [(q, 0, 1) for q in range(4)]
-    conns = [c for t in client._transports.values() for c in t._conns if not c.closed]
+    conns = [c for t in client._transports.values() for c in t._conns["produce"] if not c.closed]
     assert conns, "no produce-port connection was opened"
     for q in range(4):
         assert [r.value for r in client.fetch(topic, q, 0).records] == [f"v{q}".encode()]
@@ -246,7 +246,7 @@ def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
         fut.result(10)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert 0.4 < time.monotonic() - t0 < 5
-    assert all(c.closed for c in t._conns)
+    assert all(c.closed for c in t._conns["produce"])
     t.close()
     srv.close()
     for c in conns:
@@ -383,7 +383,7 @@ def test_requests_in_flight_together_get_a_connection_each_and_none_after_close(
     try:
         futs = [t.future(req, timeout=30) for _ in range(3)]
         assert len(accepted) == 2                                  # the third shares one
-        assert len({id(c) for c in t._conns}) == 2
+        assert len({id(c) for c in t._conns["produce"]}) == 2
         t.close()
         for f in futs:
             with pytest.raises(WireCallError) as e:
@@ -401,11 +401,11 @@ def test_an_idle_connection_closes_itself_and_the_next_call_reopens(cluster, top
     monkeypatch.setattr(pw, "IDLE_CLOSE", 0.3)
     with Client(cluster.endpoints, timeout=30) as c:
         c.produce_batches([(topic, 0, [b"a"])])
-        first = [conn for t in c._transports.values() for conn in t._conns]
+        first = [conn for t in c._transports.values() for conn in t._conns["produce"]]
         assert first
         wait_until(lambda: all(conn.closed for conn in first), timeout=10, what="idle connections closed")
         assert c.produce_batches([(topic, 0, [b"b"])])[0].base_offset == 1
-        assert any(not conn.closed for t in c._transports.values() for conn in t._conns)
+        assert any(not conn.closed for t in c._transports.values() for conn in t._conns["produce"])
 
 
 def test_a_produce_port_on_another_nodes_port_is_not_served(cluster, caplog):
@@ -438,6 +438,11 @@ def test_a_fetch_goes_over_the_produce_port_and_reads_what_grpc_reads(cluster, c
             assert (a.next_offset, a.earliest, a.latest, a.served_by) == \
                    (b.next_offset, b.earliest, b.latest, b.served_by)
     assert _fetch_answers(cluster, "produce_port") - before >= 8                  # all of the above
+    # fetches and produce requests never share a connection (a fetch's megabytes and a
+    # produce sent from the reader thread would wait on each other's socket buffers)
+    kinds = {kind: {id(c) for t in client._transports.values() for c in t._conns[kind]}
+             for kind in ("produce", "fetch")}
+    assert kinds["produce"] and kinds["fetch"] and not kinds["produce"] & kinds["fetch"]
 
 
 def test_a_failed_fetch_on_the_port_raises_what_grpc_raises(cluster, client, topic):

@@ -15,7 +15,8 @@ and waits for it: the reply, or None when the port did not answer it and the
 caller should ask over gRPC (see ``fetch``).
 
 A connection answers its requests in order, so a transport keeps up to
-``max_connections`` of them and gives each request one with nothing in
+``max_connections`` of them for produce requests, as many again for fetches
+(never mixed: see ``__init__``), and gives each request one with nothing in
 flight when it can. A request past its deadline fails with
 DEADLINE_EXCEEDED and takes its connection down with it (a stuck or paused
 node): the next request opens a new one. A connection unused for
@@ -58,6 +59,7 @@ FALLBACK_SECONDS = 30.0
 CONNECT_TIMEOUT = 2.0
 IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
 POLL_SECONDS = 0.1         # how late a deadline may be noticed
+PRODUCE, FETCH = "produce", "fetch"    # the kinds of connection a transport keeps apart
 
 
 class WireCallError(grpc.RpcError):
@@ -287,9 +289,12 @@ class ProduceTransport:
         self._fallback = fallback
         self.max_connections = max_connections
         self._lock = threading.Lock()
-        self._conns: list[_Connection] = []
+        # Fetches get connections of their own: a fetch's answer (megabytes) and a
+        # produce request sent from the reader thread (ProduceSender sends the next
+        # one from a reply's callback) must never wait on each other's socket buffers.
+        self._conns: dict[str, list[_Connection]] = {PRODUCE: [], FETCH: []}
         self._busy: dict[_Connection, int] = {}   # requests given to each connection, not yet done
-        self._opening = 0
+        self._opening = {PRODUCE: 0, FETCH: 0}
         self._fallback_until = 0.0
         self._fetch_unserved_until = 0.0
         self._closed = False
@@ -301,7 +306,7 @@ class ProduceTransport:
             return self._fallback(request, timeout=timeout)     # too big: gRPC says so precisely
         deadline = time.monotonic() + timeout
         try:
-            conn = self._connection(timeout)
+            conn = self._connection(timeout, PRODUCE)
         except (OSError, WireProtocolError) as e:
             # Refused, not our protocol (another server on the port, or a node at its
             # connection limit), or no hello in time: gRPC on that node may still work,
@@ -326,47 +331,53 @@ class ProduceTransport:
         the leader's address, the queue's offsets). The caller then asks over gRPC."""
         if self._closed or time.monotonic() < max(self._fallback_until, self._fetch_unserved_until):
             return None
+        deadline = time.monotonic() + timeout
         try:
-            conn = self._connection(timeout)
+            conn = self._connection(timeout, FETCH)
         except (OSError, WireProtocolError) as e:
             log.info("produce port %s: %s; Fetch and ProduceBatches over gRPC for %.0f s",
                      self.address, e, FALLBACK_SECONDS)
             self._fallback_until = time.monotonic() + FALLBACK_SECONDS
             return None
         try:
-            return conn.call(request.SerializeToString(), timeout, METHOD_FETCH,
-                             decode_fetch_response).result()
+            left = deadline - time.monotonic()      # (connecting took some of it)
+            if left <= 0:
+                return None
+            return conn.call(request.SerializeToString(), left, METHOD_FETCH, decode_fetch_response).result()
         except WireCallError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED:     # a node from before Fetch on the port
                 self._fetch_unserved_until = time.monotonic() + FALLBACK_SECONDS
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise                                # at a limit: the caller backs off, not asks again
             return None
         except OSError:
             return None
         finally:
             self._release(conn)
 
-    def _connection(self, timeout: float) -> _Connection:
-        """A connection with nothing in flight if there is one (or can be one),
-        else the least busy; counted busy until its request is done."""
+    def _connection(self, timeout: float, kind: str) -> _Connection:
+        """A connection of ``kind`` (``PRODUCE``, ``FETCH``) with nothing in flight if
+        there is one (or can be one), else the least busy; counted busy until its
+        request is done."""
         with self._lock:
-            self._conns = [c for c in self._conns if not c.closed]
-            idle = [c for c in self._conns if not self._busy.get(c)]
-            if idle or (self._conns and len(self._conns) + self._opening >= self.max_connections):
-                conn = idle[0] if idle else min(self._conns, key=lambda c: self._busy.get(c, 0))
+            conns = self._conns[kind] = [c for c in self._conns[kind] if not c.closed]
+            idle = [c for c in conns if not self._busy.get(c)]
+            if idle or (conns and len(conns) + self._opening[kind] >= self.max_connections):
+                conn = idle[0] if idle else min(conns, key=lambda c: self._busy.get(c, 0))
                 self._busy[conn] = self._busy.get(conn, 0) + 1
                 return conn
-            self._opening += 1
+            self._opening[kind] += 1
         try:
             conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)), self._token,
                                self._ssl)
         finally:
             with self._lock:
-                self._opening -= 1
+                self._opening[kind] -= 1
         with self._lock:
             if self._closed:
                 conn.close()
                 raise OSError("client closed")
-            self._conns.append(conn)
+            self._conns[kind].append(conn)
             self._busy[conn] = 1
         return conn
 
@@ -381,7 +392,8 @@ class ProduceTransport:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, []
+            conns = [c for kind in self._conns.values() for c in kind]
+            self._conns = {PRODUCE: [], FETCH: []}
         for c in conns:
             c.close()
 

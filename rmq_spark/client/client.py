@@ -144,7 +144,10 @@ class Client(SecurityCalls):
         stays on gRPC, which parks it without holding a connection of the port."""
         if method == "Fetch" and not request.wait_ms and self.produce_port and not self._closed:
             started = time.monotonic()
-            reply = self._transport(address).fetch(request, timeout)
+            try:
+                reply = self._transport(address).fetch(request, timeout)
+            except grpc.RpcError as e:               # the node is at a limit
+                raise from_rpc_error(e, address) from e
             if reply is not None:
                 return reply
             timeout = max(0.01, timeout - (time.monotonic() - started))

@@ -17,8 +17,10 @@ The port serves ``Fetch`` too, for the same reason on the read path: a Spark
 task on another host reading 1 KiB records spent ~3.5x the node CPU per
 byte through gRPC's HTTP/2 framing that a read of the segment file on the
 same host costs (``bench/README.md``). A fetch on the port runs as a gRPC
-``Fetch`` does (``AsyncServer.invoke``: the same gate, ``--max-requests``
-limit and long-poll parking); the connection's thread waits for its answer.
+``Fetch`` does (``AsyncServer.invoke``: the same gate and ``--max-requests``
+limit); the connection's thread waits for its answer, so a long poll
+(``wait_ms``) holds that thread and connection for its wait. Clients send
+long polls over gRPC, which parks them without a thread.
 
 A node takes at most ``MAX_CONNECTIONS`` at once (more are answered
 RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for

@@ -25,7 +25,7 @@ from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, Del
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
 from .admin_rpc import ClusterAdmin
 from .security_rpc import SecurityAdmin
-from .dispatch import AsyncServer, Limits, Parked
+from .dispatch import AsyncServer, CallFailed, Limits, Parked
 from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
@@ -467,7 +467,12 @@ def _fetch_call(server: AsyncServer):
     """``Fetch`` for the produce port: run as a gRPC call is (``AsyncServer.invoke``:
     gate, limits, parking), waited for on the connection's thread."""
     def fetch(request: rmq_pb2.FetchRequest, credentials: tuple) -> bytes:
-        response, _ = server.call_soon(server.invoke("Fetch", request, credentials)).result()
+        call = server.call_soon(server.invoke("Fetch", request, credentials))
+        try:                         # (bounded: a loop stopped meanwhile never answers)
+            response, _ = call.result(MAX_WAIT_MS / 1000 + 60)
+        except TimeoutError:
+            call.cancel()
+            raise CallFailed(grpc.StatusCode.UNAVAILABLE, "Fetch: the node is stopping") from None
         return response
     return fetch
 
