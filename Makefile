@@ -50,8 +50,11 @@ jars: $(JARS)
 demo: $(STAMP) $(JARS)
 	$(PY) -m rmq_spark.demo
 
+# Two test processes (pytest-xdist), each module's tests in one of them (module-scoped
+# clusters and SparkSessions stay shared): most tests wait on nodes, JVMs and subprocesses.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(JARS)
-	$(PY) -m pytest -m "not chaos" -q $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not chaos" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -m unit -q
