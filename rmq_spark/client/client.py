@@ -135,14 +135,14 @@ class Client(SecurityCalls):
                 sender = self._senders.setdefault(address, ProduceSender(call))
         return sender
 
-    def _invoke(self, address: str, method: str, request: Any, timeout: float) -> Any:
+    def _invoke(self, address: str, method: str, request: Any, timeout: float, wire: bool = True) -> Any:
         """One attempt at one node; a failure comes back as the client's exception.
 
         A fetch that does not wait goes over the node's produce port when it can
         (``ProduceTransport.fetch``): a Spark task reading from another host
         spent most of its node's CPU in gRPC's framing of the bytes. A long poll
         stays on gRPC, which parks it without holding a connection of the port."""
-        if method == "Fetch" and not request.wait_ms and self.produce_port and not self._closed:
+        if method == "Fetch" and wire and not request.wait_ms and self.produce_port and not self._closed:
             started = time.monotonic()
             try:
                 reply = self._transport(address).fetch(request, timeout)
@@ -157,11 +157,11 @@ class Client(SecurityCalls):
             raise from_rpc_error(e, address) from e
 
     def call(self, method: str, request: Any, group: int | None = None,
-             timeout: float | None = None, address: str | None = None) -> Any:
+             timeout: float | None = None, address: str | None = None, wire: bool = True) -> Any:
         """Send one RPC with retries (``_routing``); ``group`` routes to that group's
         leader, ``address`` pins the node. A not-leader answer naming the leader is
         retried there at once; other retriable errors try the next node, then back
-        off; a non-retriable one is raised."""
+        off; a non-retriable one is raised. ``wire=False``: a fetch over gRPC only."""
         clock = RetryClock(timeout or self.timeout)
         per_attempt = max(self.attempt_timeout, getattr(request, "wait_ms", 0) / 1000 + self.attempt_timeout)
         last: RmqError | None = None
@@ -171,7 +171,7 @@ class Client(SecurityCalls):
                 if left <= 0:
                     break
                 try:
-                    return self._invoke(addr, method, request, left)
+                    return self._invoke(addr, method, request, left, wire)
                 except RmqError as e:
                     err = e
                 if not err.retriable:
@@ -179,7 +179,7 @@ class Client(SecurityCalls):
                 leader = self._routes.learn(group, err, addr)
                 if leader and leader != addr and not address:
                     try:
-                        return self._invoke(leader, method, request, max(0.01, clock.left(per_attempt)))
+                        return self._invoke(leader, method, request, max(0.01, clock.left(per_attempt)), wire)
                     except RmqError as e:
                         err = e
                     if not err.retriable:
@@ -367,7 +367,11 @@ class Client(SecurityCalls):
         group = None if from_follower else self.group_of(topic, queue)
         resp = self.call("Fetch", req, group=group, address=address,
                          timeout=self.timeout + wait_ms / 1000)
-        recs = decode_records(topic, queue, resp.batches, offset, max_messages or None)
+        try:
+            recs = decode_records(topic, queue, resp.batches, offset, max_messages or None)
+        except framing.CorruptBatch as e:
+            resp = self._fetch_checked(req, group, address, wait_ms, e)
+            recs = decode_records(topic, queue, resp.batches, offset, max_messages or None)
         capped = max_messages and len(recs) >= max_messages
         nxt = recs[-1].offset + 1 if capped else resp.next_offset
         return FetchResult(recs, nxt, resp.earliest, resp.latest, resp.served_by)
@@ -408,8 +412,22 @@ class Client(SecurityCalls):
                          topic, queue, offset, e)
             return self.fetch_arrow(topic, queue, offset, end, max_bytes, wait_ms, from_follower,
                                     address, tags, local=False)
-        rb = batches_to_arrow(resp.batches, topic, queue, offset, end)
+        try:
+            rb = batches_to_arrow(resp.batches, topic, queue, offset, end)
+        except framing.CorruptBatch as e:
+            resp = self._fetch_checked(req, group, address, wait_ms, e)
+            rb = batches_to_arrow(resp.batches, topic, queue, offset, end)
         return rb, resp.next_offset, resp.earliest, resp.latest
+
+    def _fetch_checked(self, req, group: int | None, address: str | None, wait_ms: int,
+                       error: Exception) -> FetchReply:
+        """A fetch again, over gRPC: the produce port sends batches from their file
+        unchecked (``sendfile``); over gRPC the node CRC-checks what it reads and
+        repairs a corrupt copy from a replica (``Repair``) before answering."""
+        log.info("fetch of %s/%d at %d: %s; fetching it again over gRPC, checked by the node",
+                 req.topic, req.queue, req.offset, error)
+        return self.call("Fetch", req, group=group, address=address,
+                         timeout=self.timeout + wait_ms / 1000, wire=False)
 
     def fetch_raw(self, topic: str, queue: int, offset: int, max_bytes: int = 0,
                   from_follower: bool = False) -> FetchReply:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["FetchReply", "LocalSpan", "decode_fetch_response", "encode_fetch_response"]
+__all__ = ["FetchReply", "LocalSpan", "decode_fetch_response", "encode_fetch_head", "encode_fetch_response"]
 
 # (field number << 3) | wire type: 0 = varint, 2 = length-delimited.
 _BATCHES, _NEXT, _EARLIEST, _LATEST, _SERVED_BY, _LOCAL = 0x0A, 0x10, 0x18, 0x20, 0x2A, 0x32
@@ -70,6 +70,14 @@ def encode_fetch_response(batches: bytes, next_offset: int, earliest: int, lates
     Zero-valued scalars are left out as proto3 does; the small fields go first
     (protobuf readers accept fields in any order).
     """
+    head = encode_fetch_head(len(batches), next_offset, earliest, latest, served_by, local)
+    return b"".join((head, batches)) if batches else head
+
+
+def encode_fetch_head(batches_length: int, next_offset: int, earliest: int, latest: int,
+                      served_by: str, local=None) -> bytes:
+    """``encode_fetch_response``'s bytes up to the batches: what ``batches_length``
+    bytes of batches complete (sent from a file by the produce port's ``sendfile``)."""
     head = bytearray()
     for tag, value in ((_NEXT, next_offset), (_EARLIEST, earliest), (_LATEST, latest)):
         if value:
@@ -79,9 +87,8 @@ def encode_fetch_response(batches: bytes, next_offset: int, earliest: int, lates
         head += bytes((_SERVED_BY,)) + _varint(len(name)) + name
     if local is not None:           # a segment.FileSpan or LocalSpan
         head += _encode_local(local)
-    if batches:
-        head += bytes((_BATCHES,)) + _varint(len(batches))
-        return b"".join((head, batches))
+    if batches_length:
+        head += bytes((_BATCHES,)) + _varint(batches_length)
     return bytes(head)
 
 

@@ -20,7 +20,13 @@ same host costs (``bench/README.md``). A fetch on the port runs as a gRPC
 ``Fetch`` does (``AsyncServer.invoke``: the same gate and ``--max-requests``
 limit); the connection's thread waits for its answer, so a long poll
 (``wait_ms``) holds that thread and connection for its wait. Clients send
-long polls over gRPC, which parks them without a thread.
+long polls over gRPC, which parks them without a thread. On a plaintext
+connection the batches go from the segment file to the socket with
+``os.sendfile``, as Kafka serves its fetches: the node asks the fetch where
+they are (a local span, as for a reader on its own host) and copies nothing
+through Python. The node then does not CRC-check them; the client does (it
+always did), and asks again over gRPC, where the node checks and heals what
+it reads, when they are corrupt (``Client.fetch_arrow``).
 
 A node takes at most ``MAX_CONNECTIONS`` at once (more are answered
 RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for
@@ -29,6 +35,7 @@ RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -42,6 +49,8 @@ from ..proto import rmq_pb2
 from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
                                        METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
                                        WireProtocolError, check_hello, error_frame, frame_head, hello)
+from ..protocol.fetch_wire import decode_fetch_response, encode_fetch_head
+from ..protocol.localread import host_id
 from ..protocol.tls import TlsSocket, common_name
 from .errors import ServiceError
 
@@ -183,7 +192,10 @@ class ProduceWireServer:
                     if self._metrics is not None and frame.code in METHOD_NAMES:
                         self._metrics.request(METHOD_NAMES[frame.code], "produce_port",
                                               CODE_NAMES.get(code, "UNKNOWN"), time.perf_counter() - started)
-                    send_frame(conn, frame.request_id, code, reply)
+                    if isinstance(reply, _FileReply):
+                        reply.send(conn, frame.request_id)
+                    else:
+                        send_frame(conn, frame.request_id, code, reply)
         except PeerClosed:
             pass                             # the client closed between frames
         except WireProtocolError as e:
@@ -230,6 +242,16 @@ class ProduceWireServer:
         except DecodeError as e:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a FetchRequest: {e}")
         try:
+            if self._ssl is None and not (request.local_host or request.tags or request.max_messages):
+                located = rmq_pb2.FetchRequest()
+                located.CopyFrom(request)
+                located.local_host = host_id()       # where the batches are, not the batches
+                reply = self._fetch(located, credentials or (None, None))
+                file_reply = _FileReply.of(reply)
+                if file_reply is not None:
+                    return 0, file_reply
+                if decode_fetch_response(reply).local is None:
+                    return 0, reply                  # nothing to read (or no log here): as asked
             return 0, self._fetch(request, credentials or (None, None))
         except CallFailed as e:
             return _error(e.code, e.details)
@@ -252,6 +274,46 @@ class ProduceWireServer:
             except OSError:
                 pass
         self._thread.join(timeout=5)
+
+
+class _FileReply:
+    """A FetchResponse whose batches are sent from their segment file (``os.sendfile``)."""
+
+    def __init__(self, head: bytes, fd: int, position: int, length: int):
+        self.head, self.fd, self.position, self.length = head, fd, position, length
+
+    @classmethod
+    def of(cls, reply: bytes) -> "_FileReply | None":
+        """The reply for a fetch answered with a local span; None when the span's file
+        is gone or is another file now (a segment removed or rewritten since): the
+        caller reads the batches instead."""
+        r = decode_fetch_response(reply)
+        span = r.local
+        if span is None:
+            return None
+        try:
+            fd = os.open(span.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if (st.st_ino, st.st_dev) != (span.inode, span.device) or st.st_size < span.position + span.length:
+            os.close(fd)
+            return None
+        head = encode_fetch_head(span.length, r.next_offset, r.earliest, r.latest, r.served_by)
+        return cls(head, fd, span.position, span.length)
+
+    def send(self, conn: socket.socket, request_id: int) -> None:
+        """The frame: head and fields, then the file's bytes (``socket.sendfile``: the
+        connection's timeout holds). A file that ends early (truncated meanwhile)
+        leaves a frame that cannot be finished: the connection is closed (OSError),
+        its client fails what it had in flight there and asks over gRPC."""
+        with os.fdopen(self.fd, "rb") as f:
+            conn.sendall(frame_head(request_id, 0, len(self.head) + self.length) + self.head)
+            sent = conn.sendfile(f, self.position, self.length)
+            if sent < self.length:
+                log.warning("produce stream to %s: segment file ended %d bytes early; closing it",
+                            _peer(conn), self.length - sent)
+                raise OSError("segment file ended early")
 
 
 def _error(code: grpc.StatusCode, message: str) -> tuple[int, bytes]:
