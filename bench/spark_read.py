@@ -16,7 +16,8 @@ Spark's ``noop`` sink (every column materialized, nothing written):
    so tasks take the short-circuit path (``localReads``, the default: the
    node says where the batches are, the task reads the segment file). The
    row below it reads the same with ``localReads=false``: every byte over
-   gRPC, as from nodes on other hosts.
+   the network, as from nodes on other hosts (the nodes' produce port; with
+   plaintext the node sends the batches from the segment file, ``sendfile``).
 2. ``spark.read.parquet`` of the same rows (all ten columns), written once.
 3. An in-memory Python data source that yields ready-made Arrow batches of
    the same schema (one real fetched batch, repeated): what any Python data
