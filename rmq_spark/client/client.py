@@ -144,8 +144,9 @@ class Client(SecurityCalls):
         spent most of its node's CPU in gRPC's framing of the bytes. A long poll
         stays on gRPC, which parks it without holding a connection of the port;
         so do a TLS client's fetches: the port's TLS is Python's ``ssl`` over
-        memory buffers, and a 1 KiB read through it ran at 58% of gRPC's (whose
-        C core decrypts), where produce requests gain (``bench/README.md``)."""
+        memory buffers (gRPC's C core decrypts), and a 1 KiB network read through
+        it ran at 58% of the plaintext one, where TLS over gRPC had measured 85%
+        (``bench/README.md``)."""
         if (method == "Fetch" and wire and not request.wait_ms and self.produce_port and self._ssl is None
                 and not self._closed):
             started = time.monotonic()
