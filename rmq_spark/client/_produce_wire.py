@@ -305,16 +305,11 @@ class ProduceTransport:
         if time.monotonic() < self._fallback_until or request.ByteSize() > MAX_FRAME:
             return self._fallback(request, timeout=timeout)     # too big: gRPC says so precisely
         deadline = time.monotonic() + timeout
-        try:
-            conn = self._connection(timeout, PRODUCE)
-        except (OSError, WireProtocolError) as e:
-            # Refused, not our protocol (another server on the port, or a node at its
-            # connection limit), or no hello in time: gRPC on that node may still work,
-            # within what is left of this attempt (a node cut off from the network
-            # must not cost the connect timeout and then a whole attempt more).
-            log.info("produce port %s: %s; ProduceBatches over gRPC for %.0f s",
-                     self.address, e, FALLBACK_SECONDS)
-            self._fallback_until = time.monotonic() + FALLBACK_SECONDS
+        conn = self._open(timeout, PRODUCE)
+        if conn is None:
+            # gRPC on that node may still work, within what is left of this attempt (a
+            # node cut off from the network must not cost the connect timeout and then
+            # a whole attempt more).
             return self._fallback(request, timeout=max(0.01, deadline - time.monotonic()))
         try:
             fut = conn.call(request.SerializeToString(), timeout)
@@ -332,12 +327,8 @@ class ProduceTransport:
         if self._closed or time.monotonic() < max(self._fallback_until, self._fetch_unserved_until):
             return None
         deadline = time.monotonic() + timeout
-        try:
-            conn = self._connection(timeout, FETCH)
-        except (OSError, WireProtocolError) as e:
-            log.info("produce port %s: %s; Fetch and ProduceBatches over gRPC for %.0f s",
-                     self.address, e, FALLBACK_SECONDS)
-            self._fallback_until = time.monotonic() + FALLBACK_SECONDS
+        conn = self._open(timeout, FETCH)
+        if conn is None:
             return None
         try:
             left = deadline - time.monotonic()      # (connecting took some of it)
@@ -354,6 +345,18 @@ class ProduceTransport:
             return None
         finally:
             self._release(conn)
+
+    def _open(self, timeout: float, kind: str) -> _Connection | None:
+        """``_connection``, or None when the port cannot be set up (refused, not our
+        protocol: another server on the port, or a node at its connection limit; no
+        hello in time): the node is then asked over gRPC for ``FALLBACK_SECONDS``."""
+        try:
+            return self._connection(timeout, kind)
+        except (OSError, WireProtocolError) as e:
+            log.info("produce port %s: %s; ProduceBatches and Fetch over gRPC for %.0f s",
+                     self.address, e, FALLBACK_SECONDS)
+            self._fallback_until = time.monotonic() + FALLBACK_SECONDS
+            return None
 
     def _connection(self, timeout: float, kind: str) -> _Connection:
         """A connection of ``kind`` (``PRODUCE``, ``FETCH``) with nothing in flight if
