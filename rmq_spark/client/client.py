@@ -144,9 +144,10 @@ class Client(SecurityCalls):
         spent most of its node's CPU in gRPC's framing of the bytes. A long poll
         stays on gRPC, which parks it without holding a connection of the port;
         so do a TLS client's fetches: the port's TLS is Python's ``ssl`` over
-        memory buffers (gRPC's C core decrypts), and a 1 KiB network read through
-        it ran at 58% of the plaintext one, where TLS over gRPC had measured 85%
-        (``bench/README.md``)."""
+        memory buffers, and through it (span read and encrypted on the node,
+        each record decrypted into the frame buffer) a 1 KiB read ran as fast as
+        over gRPC with the same node CPU (``bench/fetch_transport.py``,
+        ``bench/README.md``), so gRPC, with no code of ours, keeps them."""
         if (method == "Fetch" and wire and not request.wait_ms and self.produce_port and self._ssl is None
                 and not self._closed):
             started = time.monotonic()
