@@ -7,6 +7,7 @@ issue's target::
     .venv/bin/python bench/compaction.py                  # 200k records, 1M keys, 10-15 minutes
     .venv/bin/python bench/compaction.py --quick          # smoke run, a few minutes
     .venv/bin/python bench/compaction.py --json bench/results/compaction.json
+    .venv/bin/python bench/compaction.py --stages         # also log each run's Spark stages
 
 1. Compaction throughput, input records/s. A 3-node LocalCluster; for each
    update ratio (10% and 90% of the records reuse a key seen before),
@@ -44,6 +45,7 @@ import random
 import sys
 import tempfile
 import time
+from datetime import datetime
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -114,6 +116,36 @@ def last_per_key_to_delta(spark, staging: str, path: str) -> None:
     table.write.format("delta").partitionBy("bucket").save(path)
 
 
+def completed_stages(spark) -> list[dict]:
+    """Spark's completed stages (its REST API; the UI is on only with ``--stages``)."""
+    import json
+    import urllib.request
+
+    sc = spark.sparkContext
+    with urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+                                "/stages?status=complete", timeout=30) as r:
+        return json.load(r)
+
+
+def log_stages(spark, since: int, what: str, seconds: float) -> int:
+    """Log the stages after stage id ``since``: wall time, tasks, task time, rows
+    read, shuffle; the last stage id."""
+    def at(t: str) -> float:
+        return datetime.strptime(t, "%Y-%m-%dT%H:%M:%S.%fGMT").timestamp()
+
+    stages = sorted((st for st in completed_stages(spark) if st["stageId"] > since),
+                    key=lambda st: st["stageId"])
+    log.info("  stages of %s (%.2f s in all): %.2f s in stages", what, seconds,
+             sum(at(st["completionTime"]) - at(st["submissionTime"]) for st in stages))
+    for st in stages:
+        log.info("    stage %4d %6.2f s  %3d tasks  task time %6.2f s  rows read %8d  "
+                 "shuffle read %6.1f MB  write %6.1f MB",
+                 st["stageId"], at(st["completionTime"]) - at(st["submissionTime"]), st["numTasks"],
+                 st["executorRunTime"] / 1e3, st["inputRecords"], st["shuffleReadBytes"] / 1e6,
+                 st["shuffleWriteBytes"] / 1e6)
+    return max([since] + [st["stageId"] for st in stages])
+
+
 def table_files(path: str) -> list[str]:
     """The live Parquet files of the Delta table at ``path``, from its log (no Spark)."""
     from rmq_spark.archive.reader import delta_file_path, delta_log
@@ -147,16 +179,24 @@ def measure_ratio(spark, cluster, client, root: str, ratio: float, args) -> dict
         .option("topic", topics[0]).load().write.parquet(staging)
     pending, tables, copies, split = list(topics), [], [], []
 
+    last_stage = [max([-1] + [st["stageId"] for st in completed_stages(spark)]) if args.stages else -1]
+
     def compact() -> None:
         t, t0 = pending.pop(0), time.perf_counter()
         tables.append(os.path.join(root, "table-" + t))
         q = compact_topic(spark, cluster.endpoints, t, tables[-1], buckets=BUCKETS,
                           checkpoint=os.path.join(root, "ck-" + t), progress=log.debug)
         split.append((time.perf_counter() - t0, batch_seconds(q)))
+        if args.stages:
+            last_stage[0] = log_stages(spark, last_stage[0], f"compact_topic {t} (micro-batch "
+                                       f"{split[-1][1]:.2f} s)", split[-1][0])
 
     def copy() -> None:
         copies.append(os.path.join(root, f"copy-{tag}-{len(copies)}"))
+        t0 = time.perf_counter()
         last_per_key_to_delta(spark, staging, copies[-1])
+        if args.stages:
+            last_stage[0] = log_stages(spark, last_stage[0], "the peer", time.perf_counter() - t0)
 
     out = medians(alternate({"compact": compact, "peer": copy}, args.records, args.repeats))
     for path in tables + copies:
@@ -252,7 +292,7 @@ def measure_all(root: str, args) -> tuple[list[dict], dict]:
              f"{args.records:,}", args.size)
     with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
             Client(cluster.endpoints) as client:
-        spark = (session_builder("bench-compaction").config("spark.ui.enabled", "false")
+        spark = (session_builder("bench-compaction").config("spark.ui.enabled", str(args.stages).lower())
                  .config("spark.driver.memory", "4g")
                  .config("spark.sql.session.timeZone", "UTC").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
@@ -350,6 +390,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="10k records, 50k keys, 500 lookups, 5 Spark lookups, one repeat")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--stages", action="store_true",
+                   help="log every compaction and peer run's Spark stages (Spark's UI on)")
     p.add_argument("--plot", default=os.path.join(BENCH_DIR, "results", "compaction.png"),
                    help="bar chart PNG ('' for none)")
     a = p.parse_args(argv)
