@@ -52,9 +52,11 @@ demo: $(STAMP) $(JARS)
 
 # Two test processes (pytest-xdist), each module's tests in one of them (module-scoped
 # clusters and SparkSessions stay shared): most tests wait on nodes, JVMs and subprocesses.
+# The longest modules go first (tests/conftest.py, SLOW_MODULES); the slowest tests are listed.
 TEST_WORKERS ?= 2
 test: $(STAMP) $(JARS)
-	$(PY) -m pytest -m "not chaos" -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not chaos" -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		--durations=15 $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -m unit -q

@@ -58,7 +58,8 @@ Emulated
   back, and a file it replaced is back under the new name (a hard link to it
   is kept in ``undo_dir`` until the directory is synced). ``unlink``/
   ``unlinkat``/``remove`` of a regular file: the same (hard link kept, name
-  back unless the directory was synced). A directory fsync is ``fsync``/
+  back unless the directory was synced). A file whose removal is durable
+  takes its unsynced writes with it: nothing of it to undo. A directory fsync is ``fsync``/
   ``fdatasync`` of a descriptor of a directory under root.
   ``drop_unsynced(names="ext4")`` is kinder, as ext4 (journaled) is in
   practice: a successful ``fsync``, or ``fdatasync`` of a file whose size
@@ -362,6 +363,20 @@ def drop_unsynced(undo_dir: str, names: str = "posix") -> LossReport:
         elif r.type == R_NEWNAME and r.v[4]:
             born[r.v[2], r.v[3]] = max(born[r.v[2], r.v[3]], r.seq)
 
+    def durable(seq: int, dev: int, ino: int) -> bool:
+        """A name change at ``seq`` in directory (dev, ino) survives the power loss."""
+        return seq <= max(all_upto, names_upto, dir_synced[dev, ino])
+
+    # Inodes whose last name went for good (an unlink, or a rename over it, made
+    # durable): their unsynced writes vanish with them, nothing to undo.
+    removed: set[tuple[int, int]] = set()
+    for r in recs:
+        if r.type == R_UNLINK and durable(r.seq, r.v[0], r.v[1]) and r.seq >= born[r.v[2], r.v[3]]:
+            removed.add((r.v[2], r.v[3]))
+        elif (r.type == R_RENAME and r.v[7] and durable(r.seq, r.v[2], r.v[3])
+              and r.seq >= born[r.v[6], r.v[7]]):
+            removed.add((r.v[6], r.v[7]))
+
     # Data: per inode, the changes after its last sync (of this incarnation of
     # the inode number: records before O_CREAT made it are of a file long gone).
     lost: dict[tuple[int, int], list[_Rec]] = defaultdict(list)
@@ -374,6 +389,8 @@ def drop_unsynced(undo_dir: str, names: str = "posix") -> LossReport:
         names = _inode_paths(roots, undo)
         for key, changes in lost.items():
             path = names.get(key)
+            if path is None and key in removed:
+                continue                 # removed for good: its writes went with it
             if path is None:
                 report.skipped.append(f"{len(changes)} unsynced change(s) of inode {key[0]}:{key[1]}: "
                                       f"no name of it left under root")
@@ -381,9 +398,6 @@ def drop_unsynced(undo_dir: str, names: str = "posix") -> LossReport:
             _undo_data(path, changes, report)
 
     # Names: newest first, what no directory sync made durable.
-    def durable(seq: int, dev: int, ino: int) -> bool:
-        return seq <= max(all_upto, names_upto, dir_synced[dev, ino])
-
     for r in reversed(recs):
         if r.type == R_NEWNAME and not durable(r.seq, r.v[0], r.v[1]):
             path = r.strs[0]

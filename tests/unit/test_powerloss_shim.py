@@ -235,6 +235,35 @@ def test_truncates_and_unlinks_are_undone(root, undo):
     assert report.relinked == [str(root / "a" / "gone")]
 
 
+def test_a_file_removed_for_good_takes_its_unsynced_writes_with_it(root, undo):
+    """Unsynced writes to a file whose removal became durable need no undo: the file
+    is gone either way (the node's power-loss run once failed on one: "no name of
+    it left under root")."""
+    put(root / "synced-then-replaced", b"old")
+    report = crash(root, undo, """
+        with open("scratch", "wb") as f:             # written, never synced, unlinked
+            f.write(b"x" * 100)
+        fsync_dir()                                   # its name durable
+        os.unlink("scratch")
+        with open("synced-then-replaced", "ab") as f:  # appended, then replaced
+            f.write(b" and more")
+        with open("new", "wb") as f:
+            f.write(b"new")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename("new", "synced-then-replaced")
+        f = open("open-while-unlinked", "wb")         # written through a descriptor after the unlink
+        fsync_dir()
+        os.unlink("open-while-unlinked")
+        f.write(b"y" * 10)
+        f.flush()
+        fsync_dir()                                   # every removal durable
+    """)
+    assert not report.skipped, report
+    assert sorted(os.listdir(root)) == ["synced-then-replaced"]
+    assert get(root / "synced-then-replaced") == b"new", report
+
+
 def test_threads_each_keep_what_they_synced(root, undo):
     crash(root, undo, """
         def work(i):
