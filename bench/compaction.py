@@ -179,24 +179,26 @@ def measure_ratio(spark, cluster, client, root: str, ratio: float, args) -> dict
         .option("topic", topics[0]).load().write.parquet(staging)
     pending, tables, copies, split = list(topics), [], [], []
 
-    last_stage = [max([-1] + [st["stageId"] for st in completed_stages(spark)]) if args.stages else -1]
+    last_stage = max([-1] + [st["stageId"] for st in completed_stages(spark)]) if args.stages else -1
 
     def compact() -> None:
+        nonlocal last_stage
         t, t0 = pending.pop(0), time.perf_counter()
         tables.append(os.path.join(root, "table-" + t))
         q = compact_topic(spark, cluster.endpoints, t, tables[-1], buckets=BUCKETS,
                           checkpoint=os.path.join(root, "ck-" + t), progress=log.debug)
         split.append((time.perf_counter() - t0, batch_seconds(q)))
         if args.stages:
-            last_stage[0] = log_stages(spark, last_stage[0], f"compact_topic {t} (micro-batch "
+            last_stage = log_stages(spark, last_stage, f"compact_topic {t} (micro-batch "
                                        f"{split[-1][1]:.2f} s)", split[-1][0])
 
     def copy() -> None:
+        nonlocal last_stage
         copies.append(os.path.join(root, f"copy-{tag}-{len(copies)}"))
         t0 = time.perf_counter()
         last_per_key_to_delta(spark, staging, copies[-1])
         if args.stages:
-            last_stage[0] = log_stages(spark, last_stage[0], "the peer", time.perf_counter() - t0)
+            last_stage = log_stages(spark, last_stage, "the peer", time.perf_counter() - t0)
 
     out = medians(alternate({"compact": compact, "peer": copy}, args.records, args.repeats))
     for path in tables + copies:

@@ -27,64 +27,37 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-import numpy as np
-
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rmq_spark.client import Client, TlsFiles  # noqa: E402
-from storage_service.local import LocalCluster  # noqa: E402
+# spark_read and grpc_call live next to this file; importing them puts the checkout on sys.path.
+from grpc_call import _cpu as cpu_seconds
+from spark_read import QUEUES, produce
+from rmq_spark.client import Client, TlsFiles
+from storage_service.local import LocalCluster
 
 log = logging.getLogger("fetch_transport")
-QUEUES = 8
-BATCH = 1000
 
 
-def produce(client: Client, topic: str, records: int, size: int) -> None:
-    client.create_topic(topic, queues=QUEUES)
-    rng = np.random.default_rng(size)
-    pool = [bytes(v) for v in rng.integers(0, 256, (BATCH, size), dtype=np.uint8)]
-    for q in range(QUEUES):
-        left = records // QUEUES
-        while left:
-            n = min(BATCH, left)
-            client.produce(topic, pool[:n], queue=q)
-            left -= n
-
-
-def node_cpu_seconds(data_dir: str) -> float:
-    """CPU seconds (user + system) of the node processes whose command line names ``data_dir``."""
-    found = subprocess.run(["pgrep", "-f", "storage_service.server.cli node"], capture_output=True,
-                           text=True).stdout.split()
-    total = 0.0
-    for pid in found:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if data_dir.encode() not in f.read():
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue                      # gone meanwhile
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+def node_cpu_seconds(cluster: LocalCluster) -> float:
+    """CPU seconds (user + system) of the cluster's node processes."""
+    return sum(cpu_seconds(p.pid) for p in cluster.procs if p is not None)
 
 
 def read_all(make_client, topic: str, records: int, readers: int, max_bytes: int) -> float:
-    """Every queue read once by ``readers`` threads; rows/s. Checks the row count."""
-    per_queue = records // QUEUES
+    """Every queue read once by ``readers`` threads; rows/s. Checks the row count
+    (``produce`` put ``records // QUEUES`` in each queue, one more in the first
+    ``records % QUEUES``)."""
     clients = [make_client() for _ in range(readers)]
     rows = [0] * readers
 
     def work(i: int) -> None:
         for q in range(i, QUEUES, readers):
-            offset = 0
-            while offset < per_queue:
-                batch, offset, _, _ = clients[i].fetch_arrow(topic, q, offset, per_queue,
+            offset, end = 0, records // QUEUES + (q < records % QUEUES)
+            while offset < end:
+                batch, offset, _, _ = clients[i].fetch_arrow(topic, q, offset, end,
                                                               max_bytes=max_bytes)
                 rows[i] += batch.num_rows
 
@@ -101,8 +74,8 @@ def read_all(make_client, topic: str, records: int, readers: int, max_bytes: int
     finally:
         for c in clients:
             c.close()
-    if sum(rows) != per_queue * QUEUES:
-        raise RuntimeError(f"read {sum(rows):,} rows, expected {per_queue * QUEUES:,}")
+    if sum(rows) != records:
+        raise RuntimeError(f"read {sum(rows):,} rows, expected {records:,}")
     return sum(rows) / seconds
 
 
@@ -119,31 +92,31 @@ def main(argv=None) -> int:
     logging.getLogger("storage_service").setLevel(logging.WARNING)
 
     with tempfile.TemporaryDirectory(prefix="rmq-bench-") as root, contextlib.ExitStack() as stack:
-        plain_dir, secure_dir = os.path.join(root, "plain"), os.path.join(root, "secure")
         log.info("starting a plaintext and a TLS + ACL LocalCluster (3 nodes, 4 groups each)")
-        plain = stack.enter_context(LocalCluster(nodes=3, groups=4, data_dir=plain_dir))
-        secure = stack.enter_context(LocalCluster(nodes=3, groups=4, data_dir=secure_dir, secure=True))
+        plain = stack.enter_context(LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "plain")))
+        secure = stack.enter_context(LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "secure"),
+                                                  secure=True))
         tls = TlsFiles(secure.tls.ca)
         log.info("producing %s messages of %d B into each", f"{args.records:,}", args.size)
-        with Client(plain.endpoints) as c:
-            produce(c, "read", args.records, args.size)
-        with Client(secure.endpoints, tls=tls, token=secure.token) as c:
-            produce(c, "read", args.records, args.size)
+        for make in (lambda: Client(plain.endpoints),
+                     lambda: Client(secure.endpoints, tls=tls, token=secure.token)):
+            with make() as c:
+                c.create_topic("read", queues=QUEUES)
+                produce(c, "read", args.records, args.size)
         variants = {
-            "plaintext, produce port": (lambda: Client(plain.endpoints), plain_dir),
-            "plaintext, gRPC": (lambda: Client(plain.endpoints, produce_port=False), plain_dir),
-            "TLS + token, gRPC": (lambda: Client(secure.endpoints, tls=tls, token=secure.token),
-                                  secure_dir),
+            "plaintext, produce port": (lambda: Client(plain.endpoints), plain),
+            "plaintext, gRPC": (lambda: Client(plain.endpoints, produce_port=False), plain),
+            "TLS + token, gRPC": (lambda: Client(secure.endpoints, tls=tls, token=secure.token), secure),
         }
         rates: dict[str, list[float]] = {k: [] for k in variants}
         cpu: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(args.rounds + 1):             # round 0 warms up
-            for name, (make, data_dir) in variants.items():
-                c0 = node_cpu_seconds(data_dir)
+            for name, (make, cluster) in variants.items():
+                c0 = node_cpu_seconds(cluster)
                 rate = read_all(make, "read", args.records, args.readers, args.max_bytes)
                 if r:
                     rates[name].append(rate)
-                    cpu[name].append(node_cpu_seconds(data_dir) - c0)
+                    cpu[name].append(node_cpu_seconds(cluster) - c0)
             if r:
                 log.info("round %d/%d: %s", r, args.rounds,
                          ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()))
