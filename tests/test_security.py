@@ -64,13 +64,19 @@ def test_no_invalid_or_expired_token_is_unauthenticated(cluster, admin):
     expired = _keys(cluster).mint("bob-auth", bob["version"], ttl_s=60, now=time.time() - 3600)
     forged = TokenKeys(b"another cluster's secret, 32 bytes+").mint("bob-auth", bob["version"])
     before = _latest(admin)
+    exp = __import__("jwt").decode(expired, options={"verify_signature": False})["exp"]
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
     for token, says in ((None, "needs credentials"), ("not-a-jwt", "not a token of this cluster"),
-                        (expired, "expired"), (forged, "signature")):
+                        (expired, f"expired at {when}"), (forged, "signature")):
         with _as(cluster, token) as c:
-            with pytest.raises(Unauthenticated, match=says):
+            with pytest.raises(Unauthenticated, match=says) as raised:
                 c.produce("orders", [b"x"], queue=0)
-            with pytest.raises(Unauthenticated):
+            # every refusal names where a valid token comes from
+            assert "admin-token-file:" in str(raised.value) and "rmq principal create" in str(raised.value)
+            with pytest.raises(Unauthenticated, match=says):
                 c.list_topics()
+            with pytest.raises(Unauthenticated, match=says):    # the produce port's path (hello)
+                c.produce_batches([("orders", 0, [b"x"])])
     assert _latest(admin) == before
     with _as(cluster, bob["token"]) as c:            # the valid token is known, but has no ACL
         assert c.whoami()["principal"] == "bob-auth"
@@ -159,6 +165,24 @@ def test_deleted_or_rotated_principals_tokens_stop_working_everywhere(cluster, a
         with _as(cluster, new["token"], [address]) as c:
             with pytest.raises(Unauthenticated, match="was deleted"):
                 c.whoami(address)
+
+
+def test_the_cli_reports_the_nodes_reason_for_a_refused_token(cluster, admin, tmp_path):
+    """A wrong, expired or revoked token is the node's UNAUTHENTICATED answer, not 'no
+    node answered': the CLI prints the node's reason and where a valid token comes from."""
+    gone = admin.create_principal("gone-cli")
+    admin.delete_principal("gone-cli")
+    expired = _keys(cluster).mint("gone-cli", gone["version"], ttl_s=60, now=time.time() - 3600)
+    env = dict(os.environ, RMQ_ENDPOINTS=cluster.endpoints, RMQ_TLS_CA=cluster.tls.ca)
+    for token, says in (("not-a-jwt", "not a token of this cluster"), (expired, "expired at"),
+                        (gone["token"], "principal 'gone-cli' was deleted")):
+        (tmp_path / "t").write_text(token + "\n")
+        for how in (["--token", token], ["--token-file", str(tmp_path / "t")]):
+            out = subprocess.run([os.path.join(BIN, "rmq"), *how, "topic", "list"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 1, out.stderr
+            assert says in out.stderr and "no node answered" not in out.stderr, out.stderr
+            assert "admin-token-file:" in out.stderr and "rmq principal create" in out.stderr, out.stderr
 
 
 def test_watermarks_need_the_alter_acl_and_the_current_lease(cluster, admin):

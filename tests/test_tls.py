@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from rmq_spark.client import Client, TlsFiles, Unavailable
+from rmq_spark.client import Client, TlsFiles, TlsRefused, Unavailable
 from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import produce_address
@@ -79,9 +79,16 @@ def test_a_plaintext_client_is_refused(secure):
 
 
 def test_a_client_trusting_another_ca_is_refused(secure, stranger):
-    with Client(secure.endpoints, timeout=3, attempt_timeout=1, tls=stranger) as c:
-        with pytest.raises(Unavailable):
+    # Not retried as if the node were down: the handshake's own reason, at once.
+    assert not TlsRefused.retriable
+    with Client(secure.endpoints, timeout=30, attempt_timeout=10, tls=stranger) as c:
+        with pytest.raises(TlsRefused, match="certificate of node .* was not accepted .*--tls-ca"):
             c.list_topics()
+    out = subprocess.run([os.path.join(BIN, "rmq"), "--tls-ca", stranger.ca, "--token-file", secure.token_file,
+                          "topic", "list"], env=dict(os.environ, RMQ_ENDPOINTS=secure.endpoints),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "was not accepted" in out.stderr, out.stderr
+    assert "no node answered" not in out.stderr, out.stderr
     host, port = produce_address(secure.addresses[0]).rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as raw:
         with pytest.raises(ssl.SSLCertVerificationError):
@@ -122,9 +129,13 @@ def test_nodes_requiring_client_certificates(tmp_path):
                      extra_args=["--tls-client-cert", "--replication-factor", "1"])
     c.start()
     try:
-        with Client(c.endpoints, timeout=3, attempt_timeout=1, tls=TlsFiles(c.tls.ca)) as anonymous:
-            with pytest.raises(Unavailable):
+        with Client(c.endpoints, timeout=30, attempt_timeout=10, tls=TlsFiles(c.tls.ca)) as anonymous:
+            with pytest.raises(TlsRefused, match="requires a client certificate .*--tls-cert"):
                 anonymous.list_topics()
+        out = subprocess.run([os.path.join(BIN, "rmq"), "--tls-ca", c.tls.ca, "topic", "list"],
+                             env=dict(os.environ, RMQ_ENDPOINTS=c.endpoints),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "requires a client certificate" in out.stderr, out.stderr
         with Client(c.endpoints, tls=c.tls) as admin:           # the admin's certificate
             admin.create_topic("mtls", queues=1)
             assert [t["name"] for t in admin.list_topics()] == ["mtls"]

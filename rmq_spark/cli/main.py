@@ -55,12 +55,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _reachable(client: Client, endpoints: list[str]) -> bool:
-    """Whether any node answers within CONNECT_SECONDS (a wrong endpoint fails fast)."""
+    """Whether any node answers within CONNECT_SECONDS (a wrong endpoint fails fast);
+    a node's refusal (UNAUTHENTICATED, a TLS handshake it refused) is raised."""
     for address in endpoints:
         try:
             client.health(address, timeout=CONNECT_SECONDS / len(endpoints))
             return True
-        except RmqError:
+        except RmqError as e:
+            if not e.retriable:     # the node answered (a token, a TLS refusal): its reason
+                raise
             continue
     return False
 

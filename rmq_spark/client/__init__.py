@@ -5,9 +5,9 @@ from storage_service.protocol.tls import TlsFiles
 from .client import Client, parse_endpoints
 from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition, InternalError,
                      InvalidArgument, NotFound, NotLeader, OutOfRange, Overloaded, ResourceExhausted,
-                     PermissionDenied, RmqError, Unauthenticated, Unavailable)
+                     PermissionDenied, RmqError, TlsRefused, Unauthenticated, Unavailable)
 
 __all__ = ["Client", "TlsFiles", "parse_endpoints", "Message", "Record", "ProduceResult", "FetchResult",
            "QueueOffsets", "RmqError", "InvalidArgument", "NotFound", "AlreadyExists",
            "OutOfRange", "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
-           "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated"]
+           "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "TlsRefused"]

@@ -27,7 +27,7 @@ from storage_service.protocol.buffers import reuse_big_buffers
 from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
 from storage_service.protocol.localread import host_id, read_span
 from storage_service.protocol.placement import GRPC_OPTIONS, META_GROUP, group_of, produce_address
-from storage_service.protocol.tls import TlsFiles, channel_credentials, client_context
+from storage_service.protocol.tls import TlsFiles, channel_credentials, client_context, wants_client_certificate
 
 from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb, topic_config
 from ._produce_sender import ProduceSender
@@ -35,7 +35,7 @@ from ._produce_wire import ProduceTransport
 from ._routing import RetryClock, Routes
 from ._security import SecurityCalls
 from ._types import FetchResult, ProduceResult, QueueOffsets
-from .errors import RmqError, Unavailable, from_rpc_error, from_status
+from .errors import RmqError, TlsRefused, Unavailable, from_rpc_error, from_status
 
 __all__ = ["Client", "parse_endpoints"]
 
@@ -161,7 +161,17 @@ class Client(SecurityCalls):
         try:
             return getattr(self._stub(address), method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, address) from e
+            raise self._refused(from_rpc_error(e, address), address) from e
+
+    def _refused(self, err: RmqError, address: str) -> RmqError:
+        """``err``, or ``TlsRefused`` when a TLS client without a certificate saw the
+        connection closed by a node that requires one (gRPC says "Socket closed")."""
+        if (type(err) is Unavailable and self.tls is not None and self.tls.cert is None
+                and "Socket closed" in err.message and wants_client_certificate(address, self.tls)):
+            return TlsRefused(f"TLS: node {address} requires a client certificate signed by the cluster's "
+                              "CA (it runs with --tls-client-cert): give --tls-cert/--tls-key "
+                              "(RMQ_TLS_CERT/RMQ_TLS_KEY; tlsCertFile/tlsKeyFile in Spark)", err.code)
+        return err
 
     def call(self, method: str, request: Any, group: int | None = None,
              timeout: float | None = None, address: str | None = None, wire: bool = True) -> Any:

@@ -16,7 +16,13 @@ from storage_service.protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_MET
 
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
-           "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "from_status", "from_rpc_error"]
+           "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "TlsRefused",
+           "from_status", "from_rpc_error", "TOKEN_HINT"]
+
+# Where a valid token comes from, named in every UNAUTHENTICATED error the client raises.
+TOKEN_HINT = ("A valid token is the cluster's admin token (the file `rmq-storage local --secure` "
+              "prints as admin-token-file:) or one made by `rmq principal create NAME`; pass it as "
+              "--token-file / RMQ_TOKEN_FILE (CLI) or the tokenFile option (Spark).")
 
 
 class RmqError(Exception):
@@ -81,6 +87,12 @@ class Unauthenticated(RmqError, PermissionError):
     token that is malformed, expired or revoked."""
 
 
+class TlsRefused(RmqError, ConnectionError):
+    """The TLS handshake with a node failed for a reason a retry cannot change: the
+    node's certificate is not signed by the CA given (or does not name the node's
+    address), or the node requires a client certificate and none was given."""
+
+
 class PermissionDenied(RmqError, PermissionError):
     """The principal may not do this (the message names principal, operation, resource)."""
 
@@ -117,11 +129,28 @@ def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | 
     if isinstance(code, int):
         code = status_code(code)
     message = details + (f" [{address}]" if address else "")
+    if code == grpc.StatusCode.UNAUTHENTICATED and TOKEN_HINT not in message:
+        message = f"{message}. {TOKEN_HINT}"
+    if code == grpc.StatusCode.UNAVAILABLE and UNTRUSTED in details:
+        return TlsRefused(untrusted_message(details, address), code)
     if code == grpc.StatusCode.UNAVAILABLE and (leader or "not leader" in details):
         return NotLeader(message, code, leader or None)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after:
         return Overloaded(message, code)
     return _BY_CODE.get(code, RmqError)(message, code)
+
+
+UNTRUSTED = "CERTIFICATE_VERIFY_FAILED"
+
+
+def untrusted_message(details: str, address: str) -> str:
+    """A handshake whose check of the node's certificate failed (gRPC's details, or
+    ``ssl``'s ``SSLCertVerificationError``): what was checked, and what to give."""
+    reason = details.split(UNTRUSTED, 1)[-1].strip(" :)")
+    reason = reason.removesuffix(": OK").strip(" :") or "verify failed"     # gRPC's tail
+    return (f"TLS: the certificate of node {address or '?'} was not accepted ({reason}): it must be "
+            "signed by the CA given as --tls-ca / RMQ_TLS_CA (tlsCaFile in Spark), the cluster's "
+            "ca.pem (`rmq-storage local --secure` prints it as tls-ca:), and name the address dialled")
 
 
 def from_rpc_error(e: grpc.RpcError, address: str = "") -> RmqError:

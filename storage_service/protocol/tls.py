@@ -13,7 +13,8 @@ import ssl
 import threading
 from dataclasses import dataclass
 
-__all__ = ["TlsBuffers", "TlsSocket", "TlsFiles", "common_name", "channel_credentials", "client_context", "server_context", "server_credentials"]
+__all__ = ["TlsBuffers", "TlsSocket", "TlsFiles", "common_name", "channel_credentials", "client_context", "server_context", "server_credentials",
+           "wants_client_certificate"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,26 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     if files.cert:
         ctx.load_cert_chain(files.cert, files.key)
     return ctx
+
+
+def wants_client_certificate(address: str, files: TlsFiles, timeout: float = 2.0) -> bool:
+    """Whether the gRPC server at ``address`` closes a TLS connection that has no
+    client certificate: gRPC reports that only as "Socket closed". The probe
+    completes a TLS 1.3 handshake as the client would (so the CA is right), then
+    waits for the server's first HTTP/2 frame: a server that requires a
+    certificate closes the connection (or sends an alert) instead."""
+    host, _, port = address.rpartition(":")
+    ctx = client_context(TlsFiles(files.ca))
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=host) as s:
+                try:
+                    return s.recv(1) == b""
+                except ssl.SSLError:            # an alert: certificate required
+                    return True
+    except (OSError, ValueError):               # no handshake, or no answer in time
+        return False
 
 
 def common_name(cert: dict | None) -> str | None:

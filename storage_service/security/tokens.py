@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import jwt
 
-__all__ = ["BadToken", "Claims", "TokenKeys", "make_secret"]
+__all__ = ["BadToken", "Claims", "TokenKeys", "expired_message", "make_secret"]
 
 ISSUER = "rmq-spark"
 ALGORITHM = "HS256"
@@ -34,6 +34,12 @@ MIN_SECRET_BYTES = 32
 
 class BadToken(ValueError):
     """A token that is not valid: malformed, wrongly signed, expired, or revoked."""
+
+
+def expired_message(exp: float | None) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp)) if exp else "an unknown time"
+    return (f"the token expired at {when}: ask an admin for a new one "
+            "(rmq principal create NAME --rotate)")
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,9 @@ class TokenKeys:
             c = jwt.decode(token, self._secret, algorithms=[ALGORITHM], issuer=ISSUER,
                            options={"require": ["sub", "ver", "iat", "iss"]}, leeway=5)
         except jwt.ExpiredSignatureError:
-            raise BadToken("the token has expired: ask an admin for a new one "
-                           "(rmq principal create NAME --rotate)") from None
+            exp = jwt.decode(token, self._secret, algorithms=[ALGORITHM],
+                             options={"verify_exp": False}).get("exp")
+            raise BadToken(expired_message(exp)) from None
         except jwt.InvalidSignatureError:
             raise BadToken("the token's signature does not match this cluster's secret") from None
         except jwt.PyJWTError as e:

@@ -32,7 +32,7 @@ from typing import Callable
 
 import grpc
 
-from ..security.tokens import BadToken, Claims, TokenKeys
+from ..security.tokens import BadToken, Claims, TokenKeys, expired_message
 from .errors import ServiceError
 
 __all__ = ["Gate", "POLICY", "Principal", "SecurityConfig", "ANONYMOUS", "NODE_ONLY"]
@@ -179,8 +179,7 @@ class Gate:
                 while len(self._tokens) > TOKEN_CACHE:
                     self._tokens.popitem(last=False)
         elif claims.expires is not None and claims.expires < time.time() - 5:
-            raise _unauthenticated("the token has expired: ask an admin for a new one "
-                                   "(rmq principal create NAME --rotate)")
+            raise _unauthenticated(expired_message(claims.expires))
         problem = self._revoked(claims)
         if problem:
             self._sync()                 # made or rotated a moment ago on the metadata leader?

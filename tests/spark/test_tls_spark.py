@@ -95,6 +95,14 @@ def test_a_principal_without_the_acl_is_refused_and_nothing_is_written(spark, se
     with pytest.raises(PySparkException, match="UNAUTHENTICATED|needs credentials|Unauthenticated"):
         spark.read.format("rocketmq").options(endpoints=secure.endpoints, tlsCaFile=secure.tls.ca,
                                               topic="sp-tls").load().count()
+    # a wrong token: the node's reason and where a valid token comes from, source and sink
+    wrong = {"endpoints": secure.endpoints, "tlsCaFile": secure.tls.ca, "token": "not-a-jwt", "topic": "sp-tls"}
+    says = "not a token of this cluster.*rmq principal create"
+    with pytest.raises(PySparkException, match=says):
+        spark.read.format("rocketmq").options(**wrong).load().count()
+    with pytest.raises(PySparkException, match=says):
+        rows.write.format("rocketmq").options(**wrong).mode("append").save()
+    assert [o.latest for o in admin.offsets("other-topic")] == [0]
 
 
 def test_tls_and_token_options_are_checked_on_the_driver(spark, secure, tmp_path):
