@@ -24,6 +24,7 @@ import time
 from storage_service.local import LocalCluster
 
 from .cli._format import table
+from .cli._status import cluster_view
 from .client import Client, Message
 
 TOPIC = "demo-orders"
@@ -88,11 +89,17 @@ def _run(client: Client, cluster: LocalCluster) -> int:
     print(table([[o.queue, o.earliest, o.latest] for o in offsets], ["queue", "earliest", "latest"]))
     print(f"\nacknowledged {acked:,} messages, read back {read:,}: "
           f"{'nothing lost' if read == acked else 'MISMATCH'}")
-    st = client.cluster_status()
     print("\nraft groups (leader per group):")
-    print(table([[g["group"], g["leader"], g["term"], g["commit_index"]] for g in st["nodes"][0]["groups"]],
-                ["group", "leader", "term", "commit"]))
+    print(groups_table(client.cluster_status()))
     return 0 if read == acked else 1
+
+
+def groups_table(status: dict) -> str:
+    """Each raft group's leader, term and commit index, from every node that answered
+    (``rmq cluster status``'s view): the first node listed may be the one just
+    restarted, not yet reachable from the node asked, and report no group."""
+    return table([[g["group"], g["leader"] or "-", g["term"], g["commit_index"] or "-"]
+                  for g in cluster_view(status)["groups"]], ["group", "leader", "term", "commit"])
 
 
 def _spark(client: Client, endpoints: str, tmp: str) -> int:
@@ -177,7 +184,8 @@ def _balances(client: Client, topic: str, updates: int) -> dict[bytes, bytes | N
         if i % 50 == 49:
             value = None
         else:
-            value = f'{{"balance": {rng.randrange(10_000)}, "update": {i}}}'.encode().ljust(240)
+            # (no padding: `rmq get` prints the value as stored, trailing blanks and all)
+            value = f'{{"balance": {rng.randrange(10_000)}, "update": {i}}}'.encode()
         latest[key] = value
         q = zlib.crc32(key) % QUEUES
         pending.setdefault(q, []).append(Message(value, key=key))
