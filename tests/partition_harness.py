@@ -153,6 +153,7 @@ class _Run:
     rng: random.Random
     parted: list[list] = field(default_factory=list)   # [cut time, group whose leader was parted, heal time]
     kept: dict[int, tuple[int, int]] = field(default_factory=dict)   # group -> (leader, term) that kept a majority
+    cut_logs: dict[str, int] = field(default_factory=dict)   # node log sizes at the last cut
     log: Callable[[str], None] = print
 
 
@@ -174,6 +175,7 @@ def _cut(run: _Run, apart: set[int], cut: Callable[[], None]) -> None:
     """Apply ``cut``, which parts the nodes ``apart`` from a majority of their peers;
     note the groups whose leader that parts, and the leaders that keep a majority."""
     leaders = _leaders(run)
+    run.cut_logs = _log_sizes(run.cluster)
     t = time.monotonic()
     cut()
     run.parted += [[t, g, None] for g, (i, _) in leaders.items() if i in apart]
@@ -242,6 +244,8 @@ def _check_heal(run: _Run) -> None:
             what = f"group {g}: leader/term {lead} changed after the heal: {now.get(g)}"
             run.report.faults.append(what)
             run.log(f"  {run.report.scenario}: {what}")
+            for line in _node_lines(run.cut_logs, (f"group {g}: ", "held up")):   # why, as the nodes saw it
+                run.log(f"    {line}")
     run.kept = {}
 
 
@@ -324,6 +328,17 @@ def _log_sizes(cluster: NetnsCluster) -> dict[str, int]:
     for i in range(cluster.net.nodes):
         path = os.path.join(cluster.log_dir, f"node-{i}.log")
         out[path] = os.path.getsize(path) if os.path.exists(path) else 0
+    return out
+
+
+def _node_lines(since: dict[str, int], needles: tuple[str, ...]) -> list[str]:
+    """Lines the nodes logged since ``since`` (``_log_sizes``) holding one of ``needles``."""
+    out = []
+    for path, size in since.items():
+        with open(path, "rb") as f:
+            f.seek(size)
+            out += [f"{os.path.basename(path)}: {line}" for line in f.read().decode(errors="replace").splitlines()
+                    if any(n in line for n in needles)]
     return out
 
 

@@ -43,6 +43,7 @@ import pysyncobj.pickle
 import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
+from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 
 from . import membership, transport
@@ -126,9 +127,14 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             # Replicas are added and removed one at a time (membership.py keeps
             # the configuration durable; the placement controller drives it).
             dynamicMembershipChange=True,
-            # A leader no majority answered for an election timeout steps down
-            # (pysyncobj's default, 30 s, kept a cut-off leader taking writes).
-            leaderFallbackTimeout=timing.min_timeout,
+            # Check-quorum: a leader no majority answered for the longest election
+            # timeout steps down (pysyncobj's default, 30 s, kept a cut-off leader
+            # taking writes). Not the shortest: on a loaded host a follower's loop
+            # was seen held up 0.5-0.57 s (two CPU burners beside the partition test),
+            # and with one follower cut off, 0.6 s deposed healthy leaders. Reads do
+            # not depend on it: the lease (election.py) ends 0.48 s after the last
+            # majority's echo, whatever this says.
+            leaderFallbackTimeout=timing.max_timeout,
             onStateChanged=self._state_changed,
             # Send appends as soon as a command is queued (pysyncobj then wakes
             # its poller through a pipe) instead of waiting for the next
@@ -174,6 +180,11 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         """pysyncobj's state callback (tick thread): leadership changes in the node's log."""
         log.info("group %d: %s -> %s in term %d", self.group_id, self._STATES[old], self._STATES[new],
                  self.raftCurrentTerm)
+        if old == 2 and new == 0:       # check-quorum: say how long each follower was silent
+            now = _monotonic()
+            log.info("group %d: stepped down: last reply %s", self.group_id,
+                     ", ".join(f"{getattr(n, 'address', n)} {now - t:.2f} s ago"
+                               for n, t in self._SyncObj__lastResponseTime.items()))
 
     # ------------------------------------------------------------- journal
     def _install_journal(self, journal: DurableJournal) -> None:

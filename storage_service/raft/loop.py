@@ -25,6 +25,9 @@ from .mux import RaftHub
 __all__ = ["RaftLoop", "capped_match_index", "loop_poller"]
 
 log = logging.getLogger(__name__)
+# Seconds between two polls past which the loop reads its sockets again before any
+# group ticks (the poll itself waits up to ``tick``; a tick of every group is ms).
+LATE = 0.25
 
 
 class LoopGroup(Protocol):
@@ -111,6 +114,9 @@ class RaftLoop:
         self._acks: list[tuple] = []
         self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
+        self.stalls = 0                 # times the loop came back late to its sockets (LATE)
+        self.longest_stall = 0.0
+        self.warn_after = 0.3           # a hold-up this long is logged
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
 
@@ -200,6 +206,7 @@ class RaftLoop:
 
     # --------------------------------------------------------------- loop
     def _run(self) -> None:
+        polled = time.monotonic()
         while self._running:
             self._run_calls()
             if self.hub is not None:
@@ -207,15 +214,34 @@ class RaftLoop:
                     self.hub.tick()
                 except Exception:
                     log.exception("raft loop: hub tick failed")
+            late = time.monotonic() - polled
+            if late > max(LATE, 2 * self.tick):
+                self._held_up(late)
             for g in self.groups:
                 g.tick(0.0)
             try:
                 self._send_ready_acks()
                 self.poller.poll(self.tick)
+                polled = time.monotonic()
                 self._send_ready_acks()
             except Exception:
                 log.exception("raft loop: poll failed")
                 time.sleep(self.tick)
+
+    def _held_up(self, late: float) -> None:
+        """The loop did not read its sockets for ``late`` seconds (a snapshot install
+        fetching from peers, a stalled disk write, a starved CPU): read what arrived
+        before any group ticks, so a leader counts the replies that wait in its
+        sockets before its check-quorum judges its followers silent."""
+        self.stalls += 1
+        self.longest_stall = max(self.longest_stall, late)
+        if late > self.warn_after:
+            log.warning("raft loop: held up for %.2f s; replies and heartbeats of every group of "
+                        "this node waited as long", late)
+        try:
+            self.poller.poll(0)
+        except Exception:
+            log.exception("raft loop: poll failed")
 
     def stop(self) -> None:
         self._running = False
