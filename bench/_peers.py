@@ -308,7 +308,7 @@ def _wait_leader(obj, timeout: float, stable: float = 0.3) -> str:
     """Leader address, once ready and unchanged for ``stable`` seconds."""
     deadline, seen, since = time.monotonic() + timeout, None, 0.0
     while (now := time.monotonic()) < deadline:
-        leader = obj._getLeader() if obj.isReady() else None
+        leader = obj.getStatus()["leader"] if obj.isReady() else None     # public API only
         if leader is None or leader.address != seen:
             seen, since = leader and leader.address, now
         elif now - since >= stable:
@@ -381,7 +381,7 @@ def _node_main(idx: int, addrs: list[str], workdir: str, spec: dict[str, Any],
         if not go.wait(timeout=60):
             return
         if driver.value == idx:
-            if not obj._isLeader():
+            if obj.getStatus()["state"] != 2:          # pysyncobj's LEADER
                 raise RuntimeError("leadership moved before the run started")
             batch = make_payloads(spec["payload"], spec["batch"], spec["msg_size"])
             ctl.put(("result", idx, _drive(obj, batch, spec["seconds"], spec["warmup"],

@@ -50,7 +50,7 @@ def follower(tmp_path, monkeypatch):
         events.append(("synced", g.journal.last_idx))
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    g._SyncObj__transport.send = lambda node, msg: events.append(("reply", msg)) or True
+    g.wrap_send(lambda _send: lambda node, msg: events.append(("reply", msg)) or True)
     try:
         yield g, loop, TCPNode(others[0]), events
     finally:
@@ -72,7 +72,7 @@ def _success_replies(events):
 def test_a_reply_waits_for_the_sync_of_what_it_covers(follower):
     g, loop, leader, events = follower
     loop._syncer.start()
-    g._SyncObj__onMessageReceived(leader, _append(1, 0, _entries(2, 4)))
+    g.on_message(leader, _append(1, 0, _entries(2, 4)))
     assert _success_replies(events) == []          # nothing said before the disk has it
     _wait_durable(g, 4)
     loop._send_ready_acks()
@@ -83,7 +83,7 @@ def test_a_reply_waits_for_the_sync_of_what_it_covers(follower):
 
 def test_entries_appended_during_a_sync_are_not_claimed(follower, monkeypatch):
     g, loop, leader, events = follower
-    handle = g._SyncObj__onMessageReceived
+    handle = g.on_message
     handle(leader, _append(1, 0, _entries(2, 3)))
     # entry 4 arrives while the syncer is inside fdatasync for 2..3
     real_sync = os.fdatasync
@@ -108,7 +108,7 @@ def test_entries_appended_during_a_sync_are_not_claimed(follower, monkeypatch):
 def test_a_reply_for_entries_a_conflict_removed_is_never_sent(follower):
     g, loop, leader, events = follower
     loop._syncer.start()
-    handle = g._SyncObj__onMessageReceived
+    handle = g.on_message
     handle(leader, _append(1, 0, _entries(2, 4)))            # reply for 4 waits for the sync
     handle(leader, _append(2, 1, [(NOOP, 3, 2)], term=2))    # a new leader: 3..4 conflict
     assert [(e[1], e[2]) for e in g.journal[:]] == [(1, 0), (2, 1), (3, 2)]
@@ -144,7 +144,7 @@ def test_without_the_cap_an_unsynced_leader_copy_would_count():
 
 def test_a_reply_waiting_for_its_sync_is_dropped_when_a_new_term_begins(follower):
     g, loop, leader, events = follower
-    handle = g._SyncObj__onMessageReceived
+    handle = g.on_message
     handle(leader, _append(1, 0, _entries(2, 4)))            # term 1, reply waits for the sync
     handle(leader, _append(4, 1, [], term=2))                # a heartbeat of term 2 (same entries)
     g.journal.sync_behind()
@@ -155,14 +155,13 @@ def test_a_reply_waiting_for_its_sync_is_dropped_when_a_new_term_begins(follower
 
 
 def test_a_leader_ignores_a_success_reply_of_another_term(follower):
-    from pysyncobj.syncobj import _RAFT_STATE
+    from storage_service.raft._pysyncobj import LEADER
     g, loop, peer, events = follower
-    g._SyncObj__raftCurrentTerm = 3
-    g._SyncObj__raftState = _RAFT_STATE.LEADER
-    match = g._SyncObj__raftMatchIndex
-    match[peer], g._SyncObj__raftNextIndex[peer] = 0, 1
+    g.force_role(LEADER, 3)
+    match = g.match_index
+    match[peer], g.next_index[peer] = 0, 1
     reply = {"type": "next_node_idx", "next_node_idx": 5, "reset": False, "success": True}
-    g._SyncObj__onMessageReceived(peer, dict(reply, term=2))   # earned under an older leader
+    g.on_message(peer, dict(reply, term=2))   # earned under an older leader
     assert match[peer] == 0
-    g._SyncObj__onMessageReceived(peer, dict(reply, term=3))
+    g.on_message(peer, dict(reply, term=3))
     assert match[peer] == 4

@@ -57,7 +57,7 @@ def test_a_follower_whose_timer_fires_under_a_healthy_leader_raises_no_term(grou
     f = next(g for g in groups if g is not leader)
     started = f.prevotes_started
     for _ in range(5):
-        f._SyncObj__raftElectionDeadline = 0.0       # as if it had missed the heartbeats
+        f.election_deadline = 0.0       # as if it had missed the heartbeats
         f.wake()
         time.sleep(0.15)
     assert f.prevotes_started > started
@@ -74,7 +74,7 @@ def test_a_node_whose_term_ran_ahead_is_not_shut_out(groups):
     down, and the group goes on with all three."""
     leader = _leader(groups)
     ahead = next(g for g in groups if g is not leader)
-    ahead._SyncObj__setCurrentTerm(leader.raftCurrentTerm + 1, None)
+    ahead.follow_term(leader.raftCurrentTerm + 1)
     wait_until(lambda: len({g.raftCurrentTerm for g in groups}) == 1, timeout=10,
                what="one term again")
     _commit_everywhere(groups, _leader(groups))

@@ -99,7 +99,7 @@ def test_add_a_replica_from_a_snapshot_remove_one_then_restart_everything(net):
     start(3)                                     # d: a new, empty replica
     assert _call(_leader(nodes).add_member, d) == FAIL_REASON.SUCCESS
     _create(nodes, "t3")
-    assert os.path.isfile(nodes[d].group._SyncObj__conf.fullDumpFile)   # it came as a snapshot
+    assert os.path.isfile(nodes[d].group.snapshot_path)   # it came as a snapshot
     assert _topics(nodes[d]) == ["t1", "t2", "t3"]
     assert all(n.group.members == [a, b, c, d] for n in nodes.values())
 
@@ -138,7 +138,7 @@ def test_a_snapshot_records_the_configuration_at_its_own_index(net, tmp_path):
     for n in nodes.values():
         n.group.forceLogCompaction()
     for n in nodes.values():
-        path = n.group._SyncObj__conf.fullDumpFile
+        path = n.group.snapshot_path
         wait_until(lambda p=path: os.path.isfile(p) and membership.snapshot_config(p)[0] is not None, timeout=10,
                    what="a snapshot with a configuration")
         members, idx = membership.snapshot_config(path)
@@ -170,14 +170,9 @@ def test_membership_changes_one_at_a_time(net):
 
 
 def test_replay_and_rewind_are_inverse():
-    import pysyncobj.pickle
-    from pysyncobj.node import TCPNode
-    from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
+    from storage_service.raft._pysyncobj import command_bytes, membership_command as cmd
 
-    def cmd(kind, addr):
-        return _bchr(_COMMAND_TYPE.MEMBERSHIP) + pysyncobj.pickle.dumps([kind, addr, TCPNode(addr)])
-
-    log = [cmd("add", "d:1"), _bchr(_COMMAND_TYPE.REGULAR) + b"x", cmd("rem", "a:1"), cmd("add", "e:1")]
+    log = [cmd("add", "d:1"), command_bytes(1, b"x"), cmd("rem", "a:1"), cmd("add", "e:1")]
     base = {"a:1", "b:1", "c:1"}
     assert membership.replay(base, log) == {"b:1", "c:1", "d:1", "e:1"}
     assert membership.rewind(membership.replay(base, log), log) == base
@@ -206,7 +201,7 @@ def test_a_replica_added_later_starts_from_the_configuration_at_the_commit_index
     want = sorted(x for x in addrs if x != gone)
     wait_until(lambda: all(n.group.members == want for n in nodes.values()), timeout=10,
                what="every replica agreeing on the voters")
-    assert not os.path.isfile(nodes[e].group._SyncObj__conf.fullDumpFile)     # it replayed the log
+    assert not os.path.isfile(nodes[e].group.snapshot_path)     # it replayed the log
     stop(addrs.index(e))
     start(4, [a])                    # restarted: its members file, not this list, says who votes
     assert nodes[e].group.members == want

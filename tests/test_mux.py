@@ -106,7 +106,7 @@ def test_a_peer_cut_off_is_seen_down_then_up_again(cluster):
     peer = addrs[1]
     for c in (hub._out.get(peer), hub._in.get(peer)):
         if c is not None:
-            c.conn._TcpConnection__socket.shutdown(socket.SHUT_RDWR)
+            c.conn.sock.shutdown(socket.SHUT_RDWR)
     wait_until(lambda: hub.is_up(peer), timeout=10, what="the hub reconnecting")
     _commit_in_every_group(nodes, 2)
 
@@ -151,7 +151,7 @@ def test_a_group_opened_while_its_peers_are_connected_counts_them(cluster):
                                                           str(tmp_path / f"late{i}"), MetaState(), loop=n.loop))
         n.loop.call(lambda n=n, g=late[i]: n.loop.add(g))
     try:
-        wait_until(lambda: all(g._SyncObj__connectedToAnyone() for g in late.values()), timeout=5,
+        wait_until(lambda: all(g.connected_to_anyone() for g in late.values()), timeout=5,
                    what="the late groups counting their peers connected")
         wait_until(lambda: sum(g.is_leader for g in late.values()) == 1, timeout=20, what="a leader of the late group")
     finally:
@@ -175,7 +175,7 @@ def test_a_failed_accept_pauses_the_raft_port_instead_of_closing_it(tmp_path):
         wait_until(lambda: nodes[0].loop.call(lambda: nodes[0].loop.hub.is_up(addrs[1])), timeout=20,
                    what="the nodes connected")
         server = nodes[0].loop.hub._server
-        real = server._TcpServer__socket
+        real = server.listening
 
         class Failing:              # accept() fails as with no file descriptor left
             def accept(self):
@@ -185,14 +185,14 @@ def test_a_failed_accept_pauses_the_raft_port_instead_of_closing_it(tmp_path):
                 return getattr(real, name)
 
         def fail_next_accepts():
-            server._TcpServer__socket = Failing()
+            server.listening = Failing()
         nodes[0].loop.call(fail_next_accepts)
         # node 1 reconnects: its accept fails on node 0, which pauses accepting
         nodes[1].loop.call(lambda: [c.conn.disconnect() for c in list(nodes[1].loop.hub._out.values())])
         wait_until(lambda: server._paused_until is not None, timeout=10, what="a failed accept")
-        nodes[0].loop.call(lambda: setattr(server, "_TcpServer__socket", real))
+        nodes[0].loop.call(lambda: setattr(server, "listening", real))
         time.sleep(HubServer.PAUSE_S * 2)
-        assert server._TcpServer__fileno is not None          # still bound, listening
+        assert server.bound          # still bound, listening
         wait_until(lambda: nodes[0].loop.call(lambda: addrs[1] in nodes[0].loop.hub._in), timeout=20,
                    what="node 0 accepted node 1 again")
     finally:

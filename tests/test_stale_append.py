@@ -11,11 +11,12 @@ it acknowledges on its transport.
 from __future__ import annotations
 
 import pytest
-from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 
 from storage_service.local import free_port_block
 from storage_service.statemachine.meta import MetaState
+from storage_service.raft._pysyncobj import Engine
 from storage_service.raft.group import RaftGroup
 
 pytestmark = pytest.mark.unit
@@ -32,14 +33,14 @@ def _append(prev_idx, prev_term, entries, commit, term=1):
             "prevLogIdx": prev_idx, "prevLogTerm": prev_term, "entries": entries}
 
 
-def _scenario(follower, transport, leader: TCPNode):
+def _scenario(follower, leader: TCPNode):
     """Leader sends 2..4 (acked), then a stale copy of an older message carrying only 2."""
     acks = []
-    transport.send = lambda node, msg: acks.append(msg) or True
-    handle = follower._SyncObj__onMessageReceived
+    follower.wrap_send(lambda _send: lambda node, msg: acks.append(msg) or True)
+    handle = follower.on_message
     handle(leader, _append(1, 0, _entries(2, 4), commit=1))
     handle(leader, _append(1, 0, _entries(2, 2), commit=1))     # the stale message
-    log = follower._SyncObj__raftLog
+    log = follower.raft_log
     return [m["next_node_idx"] - 1 for m in acks if m.get("success")], log[-1][1]
 
 
@@ -50,13 +51,13 @@ def _addresses():
 
 def test_vanilla_pysyncobj_drops_acknowledged_entries():
     me, *others = _addresses()
-    f = SyncObj(me, others, SyncObjConf(autoTick=False))
+    f = Engine(me, others, SyncObjConf(autoTick=False))   # pysyncobj's behaviour: no hook changed
     try:
-        acked, log_end = _scenario(f, f._SyncObj__transport, TCPNode(others[0]))
+        acked, log_end = _scenario(f, TCPNode(others[0]))
         assert max(acked) == 4          # it told the leader it holds 4 ...
         assert log_end == 2             # ... and then silently dropped 3 and 4
     finally:
-        f._doDestroy()
+        f.destroy_engine()
 
 
 def test_raft_group_keeps_acknowledged_entries(tmp_path):
@@ -65,7 +66,7 @@ def test_raft_group_keeps_acknowledged_entries(tmp_path):
     g._running = False                   # drive the handler from this thread only
     g._thread.join()
     try:
-        acked, log_end = _scenario(g, g._SyncObj__transport, TCPNode(others[0]))
+        acked, log_end = _scenario(g, TCPNode(others[0]))
         assert max(acked) == 4
         assert log_end == 4              # nothing acknowledged was dropped
         assert g.stale_appends == 1
@@ -81,12 +82,12 @@ def test_raft_group_still_truncates_a_real_conflict(tmp_path):
     g._thread.join()
     try:
         leader = TCPNode(others[0])
-        g._SyncObj__transport.send = lambda node, msg: True
-        handle = g._SyncObj__onMessageReceived
+        g.wrap_send(lambda _send: lambda node, msg: True)
+        handle = g.on_message
         handle(leader, _append(1, 0, _entries(2, 4, term=1), commit=1))
         # a new leader at term 2 never had 3..4 from term 1: they conflict
         handle(leader, _append(2, 1, [(NOOP, 3, 2)], commit=1, term=2))
-        log = g._SyncObj__raftLog
+        log = g.raft_log
         assert [(e[1], e[2]) for e in log[:]] == [(1, 0), (2, 1), (3, 2)]
         # and the journal on disk agrees after a reopen
         g.journal.sync()
@@ -106,8 +107,8 @@ def test_stale_snapshot_does_not_clear_acknowledged_entries(tmp_path):
     try:
         leader = TCPNode(others[0])
         acks = []
-        g._SyncObj__transport.send = lambda node, msg: acks.append(msg) or True
-        handle = g._SyncObj__onMessageReceived
+        g.wrap_send(lambda _send: lambda node, msg: acks.append(msg) or True)
+        handle = g.on_message
         handle(leader, _append(1, 0, _entries(2, 6), commit=1))
         # the leader's snapshot covers up to entry 4 (term 1): build its file
         snap = tmp_path / "leader-snapshot"
@@ -124,24 +125,24 @@ def test_stale_snapshot_does_not_clear_acknowledged_entries(tmp_path):
         g.stop()
 
 
-def _unverified_commit(follower, transport, leader: TCPNode) -> int:
+def _unverified_commit(follower, leader: TCPNode) -> int:
     """The follower holds 2..4 of term 1 from an old leader (only 1 committed). The
     term-3 leader, whose log was compacted past them, sends what pysyncobj sends
     while its snapshot is not ready: no prevLogIdx, ``serialized`` None."""
-    transport.send = lambda node, msg: True
-    handle = follower._SyncObj__onMessageReceived
+    follower.wrap_send(lambda _send: lambda node, msg: True)
+    handle = follower.on_message
     handle(leader, _append(1, 0, _entries(2, 4), commit=1))
     handle(leader, {"type": "append_entries", "term": 3, "commit_index": 500, "serialized": None})
-    return follower._SyncObj__raftCommitIndex
+    return follower.raftCommitIndex
 
 
 def test_vanilla_pysyncobj_commits_entries_it_never_matched():
     me, *others = _addresses()
-    f = SyncObj(me, others, SyncObjConf(autoTick=False))
+    f = Engine(me, others, SyncObjConf(autoTick=False))   # pysyncobj's behaviour: no hook changed
     try:
-        assert _unverified_commit(f, f._SyncObj__transport, TCPNode(others[0])) == 4
+        assert _unverified_commit(f, TCPNode(others[0])) == 4
     finally:
-        f._doDestroy()
+        f.destroy_engine()
 
 
 def test_raft_group_commits_only_what_matches_the_leader(tmp_path):
@@ -152,7 +153,7 @@ def test_raft_group_commits_only_what_matches_the_leader(tmp_path):
     g._running = False
     g._thread.join()
     try:
-        assert _unverified_commit(g, g._SyncObj__transport, TCPNode(others[0])) == 1
+        assert _unverified_commit(g, TCPNode(others[0])) == 1
         assert g.raftCurrentTerm == 3                     # the rest of the message is taken
     finally:
         g.stop()

@@ -41,6 +41,8 @@ import math
 # module compares its times with pysyncobj's election deadlines and response times.
 from pysyncobj.monotonic import monotonic as _now
 
+from ._pysyncobj import LEADER
+
 __all__ = ["LEASE_FRACTION", "LeaseElection"]
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,6 @@ log = logging.getLogger(__name__)
 # covers clock-rate differences between nodes and the time a message takes.
 LEASE_FRACTION = 0.8
 
-_LEADER = 2        # pysyncobj's _RAFT_STATE.LEADER
 
 
 class LeaseElection:
@@ -64,7 +65,7 @@ class LeaseElection:
             # (min_timeout) ends, before the others' timers (min_timeout..max)
             # fire, so a cluster's leaders start spread as its placement lays
             # them out (the first replica of each group goes round the nodes).
-            self._SyncObj__raftElectionDeadline = _now() + min_timeout * 1.05
+            self.election_deadline = _now() + min_timeout * 1.05
         self._lease_span = min_timeout * LEASE_FRACTION
         self._leader_contact = _now()   # just started: as if a leader was heard now
         self._echo: tuple[int, float] | None = None     # (term, leader's stamp) last received
@@ -76,9 +77,10 @@ class LeaseElection:
         self._rounds = itertools.count(1)
         self.prevotes_started = 0
         self.votes_ignored = 0
-        transport = self._SyncObj__transport
-        send = transport.send
+        self.wrap_send(self._stamping)
 
+    def _stamping(self, send):
+        """The group's raft send, stamping appends with the leader's time (lease)."""
         def stamped(node, message):
             kind = message.get("type")
             if kind == "append_entries":
@@ -91,15 +93,14 @@ class LeaseElection:
                 self._transfer_term = self.raftCurrentTerm
                 self._acked.clear()
             return send(node, message)
-
-        transport.send = stamped
+        return stamped
 
     # ------------------------------------------------------------- lease
     def lease_expiry(self) -> float:
         """Monotonic time until which this leader's lease runs (0.0: none)."""
-        if self._SyncObj__raftState != _LEADER or self._transfer_term == self.raftCurrentTerm:
+        if self.raft_state != LEADER or self._transfer_term == self.raftCurrentTerm:
             return 0.0
-        others = self._SyncObj__otherNodes
+        others = self.peers
         need = (len(others) + 1) // 2          # followers needed with the leader for a majority
         if need == 0:
             return math.inf
@@ -112,22 +113,22 @@ class LeaseElection:
     def read_ready(self) -> bool:
         """May this node answer a read as the leader: no newer leader can exist,
         and every entry committed before the read began is applied here."""
-        if self._SyncObj__raftState != _LEADER or _now() >= self.lease_expiry():
+        if self.raft_state != LEADER or _now() >= self.lease_expiry():
             return False
-        noop = self._SyncObj__noopIDx
+        noop = self.noop_index
         return noop is not None and self.raftLastApplied >= noop
 
     def _heard_from_leader(self) -> bool:
-        if self._SyncObj__raftState == _LEADER:
+        if self.raft_state == LEADER:
             return _now() < self.lease_expiry()
         return _now() - self._leader_contact < self._min_timeout
 
     @property
     def leader_hint(self) -> str | None:
         """The leader's raft address while it is heard from, else None."""
-        if self._SyncObj__raftState == _LEADER:
+        if self.raft_state == LEADER:
             return self.selfNode.address
-        leader = self._getLeader()
+        leader = self.leader_node()
         if leader is None or _now() - self._leader_contact >= self._min_timeout:
             return None
         return leader.address
@@ -140,7 +141,7 @@ class LeaseElection:
             if message["term"] < self.raftCurrentTerm:
                 # pysyncobj ignores it without a word, so a leader never learns that
                 # a follower's term moved on; tell it (it steps down: _adopt_term).
-                self._SyncObj__transport.send(node, {"type": "term_ahead", "term": self.raftCurrentTerm})
+                self.raft_send(node, {"type": "term_ahead", "term": self.raftCurrentTerm})
                 return False
             if message["term"] >= self.raftCurrentTerm:
                 self._leader_contact = _now()
@@ -176,25 +177,23 @@ class LeaseElection:
         if term > self.raftCurrentTerm:
             log.info("group %d: a peer is in term %d (this node was in %d): following it",
                      self.group_id, term, self.raftCurrentTerm)
-            self._SyncObj__setCurrentTerm(term, None)
-            self._SyncObj__setState(0)            # FOLLOWER
-            self._SyncObj__raftLeader = None
+            self.follow_term(term)
             self._prevote, self._prevote_won = None, None
 
     def _note_echo(self, node, message) -> None:
         term, lt = message.get("term"), message.get("lt")
-        if lt is None or term != self.raftCurrentTerm or self._SyncObj__raftState != _LEADER:
+        if lt is None or term != self.raftCurrentTerm or self.raft_state != LEADER:
             return
         prev = self._acked.get(node)
         if prev is None or prev[0] != term or prev[1] < lt:
             self._acked[node] = (term, lt)
-        self._SyncObj__lastResponseTime[node] = _now()
+        self.note_response(node, _now())
 
     def send_lease_ack(self, node, term: int) -> None:
         """The echo alone, now: the reply it would ride on is held back or a refusal."""
         lt = self.echo_for(term)
         if lt is not None:
-            self._SyncObj__transport.send(node, {"type": "lease_ack", "term": term, "lt": lt})
+            self.raft_send(node, {"type": "lease_ack", "term": term, "lt": lt})
 
     def echo_for(self, term: int) -> float | None:
         """The leader stamp a success reply of ``term`` carries back."""
@@ -207,17 +206,17 @@ class LeaseElection:
         elect a leader without them. It neither votes nor stands (alone it must)."""
         j = getattr(self, "journal", None)
         return (j is not None and j.lost_through > j.last_idx
-                and bool(self._SyncObj__otherNodes))
+                and bool(self.peers))
 
     def _log_position(self) -> tuple[int, int]:
-        return self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex()
+        return self.last_log_term(), self.last_log_index()
 
     def _answer_prevote(self, node, message) -> None:
         granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader() and not self._recovering()
                    and (message["last_log_term"], message["last_log_index"]) >= self._log_position())
-        self._SyncObj__transport.send(node, {"type": "pre_vote_response", "term": message["term"],
-                                             "round": message.get("round"), "granted": granted,
-                                             "voter_term": self.raftCurrentTerm})
+        self.raft_send(node, {"type": "pre_vote_response", "term": message["term"],
+                              "round": message.get("round"), "granted": granted,
+                              "voter_term": self.raftCurrentTerm})
 
     def _count_prevote(self, node, message) -> None:
         if message.get("voter_term", 0) >= message.get("term", 0):
@@ -226,9 +225,9 @@ class LeaseElection:
         if pv is None or (message.get("term"), message.get("round")) != pv[:2] or not message.get("granted"):
             return
         pv[2].add(node)
-        if len(pv[2]) + 1 > (len(self._SyncObj__otherNodes) + 1) / 2:
+        if len(pv[2]) + 1 > (len(self.peers) + 1) / 2:
             self._prevote, self._prevote_won = None, self.raftCurrentTerm + 1
-            self._SyncObj__raftElectionDeadline = 0.0      # pysyncobj's election, next tick
+            self.election_deadline = 0.0      # pysyncobj's election, next tick
             self.wake()
 
     # -------------------------------------------------------------- tick
@@ -236,17 +235,17 @@ class LeaseElection:
         """Where pysyncobj's election timer would start an election this tick: a
         pre-vote round instead, unless one was just won (or a transfer asks)."""
         self._transfer_election = False
-        if self._SyncObj__raftState == _LEADER or self._SyncObj__selfNode is None:
+        if self.raft_state == LEADER or self.selfNode is None:
             return
         now = _now()
-        if self._SyncObj__raftElectionDeadline >= now or not self._SyncObj__connectedToAnyone():
+        if self.election_deadline >= now or not self.connected_to_anyone():
             return
         if self._recovering():
-            self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
+            self.election_deadline = now + self.new_election_timeout()
             return
         won = self._prevote_won == self.raftCurrentTerm + 1      # won for the term it would start
-        if won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes:
-            self._transfer_election = bool(self._SyncObj__transferInProgress)
+        if won or self.transfer_in_progress or not self.peers:
+            self._transfer_election = self.transfer_in_progress
             self._prevote_won = None
             return                                # pysyncobj elects in this tick
         self._prevote_won = None
@@ -254,9 +253,9 @@ class LeaseElection:
         rnd = next(self._rounds)
         self._prevote = (term, rnd, set())
         self.prevotes_started += 1
-        self._SyncObj__raftElectionDeadline = now + self._SyncObj__generateRaftTimeout()
-        self._SyncObj__raftLeader = None          # not heard from: no longer named as leader
+        self.election_deadline = now + self.new_election_timeout()
+        self.forget_leader()          # not heard from: no longer named as leader
         last_term, last_idx = self._log_position()
-        for other in self._SyncObj__otherNodes:
-            self._SyncObj__transport.send(other, {"type": "pre_vote", "term": term, "round": rnd,
-                                                  "last_log_index": last_idx, "last_log_term": last_term})
+        for other in self.peers:
+            self.raft_send(other, {"type": "pre_vote", "term": term, "round": rnd,
+                                   "last_log_index": last_idx, "last_log_term": last_term})

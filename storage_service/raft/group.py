@@ -39,27 +39,24 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-import pysyncobj.pickle
-import pysyncobj.syncobj
-from pysyncobj import SyncObj, SyncObjConf, replicated
-from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
+from pysyncobj import SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as _monotonic
-from pysyncobj.node import TCPNode
 
 from . import membership, transport
+from ._pysyncobj import FOLLOWER, LEADER, Engine, built_on, command_bytes
 from .election import LeaseElection
 from .membership import Membership
 from ..log.diskspace import DiskSpace, Shortage
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
 from .mux import MuxTransport
+from .snapshots import SnapshotFiles
 
 __all__ = ["RaftGroup", "RaftLoop", "RaftTiming", "StateMachine", "capped_match_index"]
 
 log = logging.getLogger(__name__)
 # A follower out of disk space gets heartbeats only for this long after it said so.
 NO_ROOM_PAUSE = 1.0
-_LEN = membership.SNAPSHOT_ENTRY
 
 
 transport.install()   # see storage_service/raft/transport.py
@@ -86,7 +83,7 @@ class RaftTiming:
     compaction_seconds: float = 60.0
 
 
-class RaftGroup(Membership, LeaseElection, SyncObj):
+class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
     def __init__(self, group_id: int, self_addr: str, peers: list[str], data_dir: str,
                  state: StateMachine, fsync: str = "always", timing: RaftTiming = RaftTiming(),
                  loop: RaftLoop | None = None, members_index: int = 0, preferred: bool = False,
@@ -154,16 +151,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         kwargs = {}
         if loop is not None and loop.hub is not None:
             kwargs["transportClass"] = functools.partial(MuxTransport, loop.hub, group_id)
-        with RaftLoop._construct:          # every construction: createPoller may be swapped
-            make = pysyncobj.syncobj.createPoller
-            if loop is not None:
-                pysyncobj.syncobj.createPoller = lambda _type: loop_poller(loop)
-            try:
-                super().__init__(self_addr, others, conf, **kwargs)
-            finally:
-                pysyncobj.syncobj.createPoller = make
+        with built_on(None if loop is None else functools.partial(loop_poller, loop)):
+            super().__init__(self_addr, others, conf, **kwargs)
         self._init_election(timing.min_timeout, preferred)
-        self._apply_id = self._methodToID[self._getFuncName("apply_command")]
+        self._apply_id = self.method_id("apply_command")
         self._install_journal(DurableJournal(os.path.join(data_dir, "raft"), fsync))
         self._load_members()
         self._running = True
@@ -180,53 +171,46 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         """pysyncobj's state callback (tick thread): leadership changes in the node's log."""
         log.info("group %d: %s -> %s in term %d", self.group_id, self._STATES[old], self._STATES[new],
                  self.raftCurrentTerm)
-        if old == 2 and new == 0:       # check-quorum: say how long each follower was silent
+        if old == LEADER and new == FOLLOWER:       # check-quorum: how long each follower was silent
             now = _monotonic()
             log.info("group %d: stepped down: last reply %s", self.group_id,
                      ", ".join(f"{getattr(n, 'address', n)} {now - t:.2f} s ago"
-                               for n, t in self._SyncObj__lastResponseTime.items()))
+                               for n, t in self.response_times().items()))
 
     # ------------------------------------------------------------- journal
     def _install_journal(self, journal: DurableJournal) -> None:
         """Swap in the durable journal and reload raft's persistent state from it."""
-        self._SyncObj__raftLog._destroy()
-        self._SyncObj__raftLog = journal
-        if len(journal) == 0:
-            journal.add(b"\x01", 1, 0)     # pysyncobj's initial NO_OP entry
-            journal.sync()
-        self._SyncObj__raftCurrentTerm = max(journal.getCurrentTerm(), journal[-1][2])
-        self._SyncObj__votedForNodeId = journal.getVotedForNodeId()
-        self._SyncObj__raftCommitIndex = journal.getRaftCommitIndex()
+        self.install_log(journal)
         self.journal = journal
 
-    def _checkCommandsToApply(self):
+    def on_commands(self, base):
         if self._transfer is not None and self._transfer_step():
             return                       # new entries wait while leadership moves (membership.py)
         if self._committer is not None:
             self._committer.drain()      # group commit: queued produce calls -> one entry
-        super()._checkCommandsToApply()
-        if self._loop is None or not self._SyncObj__otherNodes:
+        base()
+        if self._loop is None or not self.peers:
             self.journal.sync()     # alone, the leader's copy is the commit: synced at once
         elif self.journal.durable_idx < self.journal.last_idx:
             # The loop's syncer makes them durable; until then _onTick does not
             # count this node's own copy towards a commit.
             self._loop.request_sync(self)
 
-    def _onTick(self, timeToWait=0.0):
+    def on_tick(self, base):
         self._election_tick()
         j = self.journal
-        if self._loop is None or j.durable_idx >= j.last_idx or not self._isLeader():
-            return super()._onTick(timeToWait)
-        real = self._SyncObj__raftMatchIndex
-        voters = self._SyncObj__otherNodes
+        if self._loop is None or j.durable_idx >= j.last_idx or not self.is_leading():
+            return base()
+        real = self.match_index
+        voters = self.peers
         counted = dict(real)
         counted.update(capped_match_index({n: i for n, i in real.items() if n in voters}, j.durable_idx))
         before = dict(counted)
-        self._SyncObj__raftMatchIndex = counted
+        self.match_index = counted
         try:
-            return super()._onTick(timeToWait)
+            return base()
         finally:
-            self._SyncObj__raftMatchIndex = real
+            self.match_index = real
             for node, idx in counted.items():      # what the tick itself wrote
                 if before.get(node) != idx:
                     real[node] = idx
@@ -243,26 +227,26 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             return message                       # pysyncobj rejects it as before, writing nothing
         self.refused_appends += 1
         self._warn(f"{self.disk.shortfall()}: not taking {len(message['entries'])} entries from the leader")
-        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, prev_idx))
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx + 1, success=True)
+        self.deliver(node, self._heartbeat(message, prev_idx))
+        self.on_reply(node, False, prev_idx + 1, True)
         # The leader would send the whole backlog again with every heartbeat.
-        self._SyncObj__transport.send(node, {"type": "no_room", "term": message["term"]})
+        self.raft_send(node, {"type": "no_room", "term": message["term"]})
         return None
 
-    def _SyncObj__sendAppendEntries(self):
+    def on_send_appends(self, base):
         """Appends, except that a follower which said it has no room (``_no_room``) gets
         only a heartbeat for ``NO_ROOM_PAUSE`` s: its entries go again after that."""
         now = time.monotonic()
-        nxt = self._SyncObj__raftNextIndex
+        nxt = self.next_index
         paused = [n for n, until in self._no_room_until.items() if until > now and n in nxt]
         if not paused:
-            return SyncObj._SyncObj__sendAppendEntries(self)
-        end = self._SyncObj__getCurrentLogIndex() + 1
+            return base()
+        end = self.last_log_index() + 1
         saved = {n: nxt[n] for n in paused}
         for n in paused:
             nxt[n] = end
         try:
-            return SyncObj._SyncObj__sendAppendEntries(self)
+            return base()
         finally:
             for n in paused:
                 if nxt.get(n) == end:
@@ -274,14 +258,14 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             self._warned = now
             log.warning("group %d: %s", self.group_id, what)
 
-    def _SyncObj__applyLogEntries(self):
-        waiting = self._SyncObj__commandsWaitingCommit
+    def on_apply_entries(self, base):
+        waiting = self.waiting_commit()
         # The few commands awaiting their commit, not a walk over every index to apply
         # (after a restart that is the whole journal, on every tick until applied).
         applied = self.raftLastApplied
         due = {i: callbacks for i, callbacks in waiting.items() if i > applied}
         try:
-            need_send = SyncObj._SyncObj__applyLogEntries(self)
+            need_send = base()
         except Shortage as e:
             # Not applied, not skipped: the entry is applied again next tick (its items
             # already written answer as before: DataState._apply_item), once space or
@@ -303,10 +287,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
             return False
         return need_send
 
-    def _SyncObj__sendNextNodeIdx(self, node, reset=False, nextNodeIdx=None, success=False):
+    def on_reply(self, node, reset=False, nextNodeIdx=None, success=False):
         if not success:
             self.send_lease_ack(node, self.raftCurrentTerm)
-            return SyncObj._SyncObj__sendNextNodeIdx(self, node, reset, nextNodeIdx, success)
+            return self.base_reply(node, reset, nextNodeIdx, success)
         # durable before the leader may count it
         if nextNodeIdx is None:
             nextNodeIdx = self.journal.last_idx + 1
@@ -326,12 +310,11 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         this follower holds at the same indexes. Leaders drop a reply of
         another term (``_on_ack``); a node without the field is taken as before.
         """
-        self._SyncObj__transport.send(node, {"type": "next_node_idx", "next_node_idx": next_idx,
-                                             "reset": reset, "success": True, "term": term,
-                                             "lt": self.echo_for(term)})
+        self.raft_send(node, {"type": "next_node_idx", "next_node_idx": next_idx, "reset": reset,
+                              "success": True, "term": term, "lt": self.echo_for(term)})
 
     # -------------------------------------------------------- stale appends
-    def _SyncObj__onMessageReceived(self, node, message):
+    def on_message(self, node, message):
         if self._election_message(node, message):
             return       # lease, stickiness, pre-vote (election.py)
         if message.get("type") == "next_node_idx" and message.get("term", self.raftCurrentTerm) != self.raftCurrentTerm:
@@ -360,7 +343,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
                 message = self._heartbeat(message, self.raftCommitIndex)
             if message is None:
                 return
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        self.deliver(node, message)
 
     def _on_ack(self, node, message) -> None:
         """A follower's success reply, without moving the leader's next index back.
@@ -371,10 +354,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         again: with two entries in flight about every second entry went out
         twice, 100 KiB+ each, and the follower answered both copies.
         """
-        sent = self._SyncObj__raftNextIndex.get(node)
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
-        if sent is not None and self._SyncObj__raftNextIndex.get(node, sent) < sent:
-            self._SyncObj__raftNextIndex[node] = sent
+        sent = self.next_index.get(node)
+        self.deliver(node, message)
+        if sent is not None and self.next_index.get(node, sent) < sent:
+            self.next_index[node] = sent
 
     @staticmethod
     def _heartbeat(message: dict, commit_cap: int) -> dict:
@@ -383,44 +366,6 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
                 if k not in ("prevLogIdx", "prevLogTerm", "entries", "serialized")}
         beat["commit_index"] = min(message["commit_index"], commit_cap)
         return beat
-
-    def _install_snapshot(self, node, message):
-        """Snapshot transfer from the leader, without dropping acknowledged entries.
-
-        pysyncobj installs every snapshot it receives with a cleared journal.
-        A stale "reset" reply can make the leader re-send a snapshot older
-        than entries this follower already acknowledged; clearing the journal
-        then loses them, exactly like a stale append. If the journal already
-        holds the snapshot's last entry (same index and term) we keep it and
-        acknowledge up to that entry only.
-        """
-        serializer = self._SyncObj__serializer
-        if not serializer.setTransmissionData(message["serialized"]):
-            SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, self.raftCommitIndex))
-            return None
-        last_idx, last_term = self._peek_snapshot()
-        if self._term_at(last_idx) == last_term:
-            self.snapshot_skips += 1
-            log.warning("group %d: snapshot at %d received while the journal already holds it; "
-                        "keeping the journal", self.group_id, last_idx)
-            self.forceLogCompaction()        # rewrite our own snapshot file soon
-        else:
-            try:
-                self._SyncObj__loadDumpFile(True)
-            except Exception as e:
-                if not getattr(e, "retry_later", False):
-                    raise
-                # The state machine could not take it yet (its catch-up from peers
-                # failed: a partition, peers down). Not acknowledged: the leader
-                # sends it again, and the install goes on from what it got.
-                log.warning("group %d: snapshot at %d not installed yet: %s", self.group_id, last_idx, e)
-                return None
-        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, last_idx))
-        # reset=True moves the leader's next index to just past the snapshot
-        # (a plain success does not when its match index is already higher,
-        # and the leader would send the same snapshot again and again).
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=last_idx + 1, success=True, reset=True)
-        return None
 
     def _term_at(self, idx):
         j = self.journal
@@ -451,75 +396,9 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         self.stale_appends += 1
         log.warning("group %d: stale append (prev %d, %d entries) while holding up to %d; "
                     "not truncating", self.group_id, prev_idx, len(entries), last)
-        SyncObj._SyncObj__onMessageReceived(self, node, self._heartbeat(message, matched_idx))
-        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=matched_idx + 1, success=True)
+        self.deliver(node, self._heartbeat(message, matched_idx))
+        self.on_reply(node, False, matched_idx + 1, True)
         return None
-
-    # ------------------------------------------------------------- snapshot
-    def _SyncObj__loadDumpFile(self, clearJournal):
-        """Load the snapshot file: state from the manifest, journal kept if it agrees.
-
-        pysyncobj clears the journal unless its first two entries are exactly
-        the snapshot's. After a crash between writing a snapshot and compacting
-        the journal they are not, and the clear would drop acknowledged
-        entries past the snapshot. We keep every entry from the snapshot's
-        first entry on when the journal holds the snapshot's last entry.
-        """
-        last, prev, _ = self._read_snapshot(self._SyncObj__conf.fullDumpFile)
-        j = self.journal
-        if not clearJournal and self._term_at(last[1]) == last[2] and self._term_at(prev[1]) == prev[2]:
-            j.deleteEntriesTo(prev[1] - j[0][1])
-        else:
-            j.clear()
-            j.add(*prev)
-            j.add(*last)
-            j.sync()
-        self._SyncObj__raftLastApplied = last[1]
-        if self._SyncObj__raftCommitIndex > j[-1][1]:
-            self._SyncObj__raftCommitIndex = j[-1][1]
-        self._SyncObj__raftCommitIndex = max(self._SyncObj__raftCommitIndex, last[1])
-        j.setRaftCommitIndex(self._SyncObj__raftCommitIndex)
-        self._load_members()
-
-    def _peek_snapshot(self) -> tuple[int, int]:
-        """(index, term) of the last entry a snapshot file covers."""
-        with open(self._SyncObj__conf.fullDumpFile, "rb") as f:
-            _, idx, term = _LEN.unpack(f.read(_LEN.size))
-        return idx, term
-
-    def _write_snapshot(self, path: str, data) -> None:
-        last, prev, cluster = data
-        blob = self.state.snapshot()
-        # the configuration as of the snapshot's own index (membership.py)
-        config = membership.rewind({n.address for n in cluster},
-                                   self.journal.commands_after(last[1], _COMMAND_TYPE.MEMBERSHIP))
-        with open(path, "wb") as f:
-            for entry in (last, prev):
-                cmd = bytes(entry[0])
-                f.write(_LEN.pack(len(cmd), entry[1], entry[2]))
-                f.write(cmd)
-            f.write(membership.encode_config(config))
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        self.snapshots_written += 1
-        self.snapshot_index = last[1]
-
-    def _read_snapshot(self, path: str):
-        with open(path, "rb") as f:
-            data = f.read()
-        pos, entries = 0, []
-        for _ in range(2):
-            n, idx, term = _LEN.unpack_from(data, pos)
-            pos += _LEN.size
-            entries.append((data[pos:pos + n], idx, term))
-            pos += n
-        _, pos = membership.decode_config(data, pos)      # absent in snapshots written before wave 2
-        leader = self._getLeader()
-        self.state.restore(data[pos:], entries[0][1], leader.address if leader else None)
-        self.snapshot_index = entries[0][1]
-        cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}
-        return entries[0], entries[1], cluster
 
     # ---------------------------------------------------------------- apply
     @replicated
@@ -534,17 +413,10 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         """``committer.drain()`` runs on the tick thread before commands are appended."""
         self._committer = committer
 
-    def wake(self) -> None:
-        """Make the tick thread run a tick now (any thread)."""
-        notifier = getattr(self, "_SyncObj__pipeNotifier", None)
-        if notifier is not None:
-            notifier.notify()
-
     def propose(self, cmd, callback: Callable) -> None:
         """``submit`` for the tick thread itself: the command is appended in this very
         tick, so pysyncobj's poller need not be woken through its pipe."""
-        data = _bchr(_COMMAND_TYPE.REGULAR) + pysyncobj.pickle.dumps((self._apply_id, (cmd,)))
-        self._SyncObj__commandsQueue.put_nowait((data, callback))
+        self.queue_command(command_bytes(self._apply_id, cmd), callback)
 
     # ------------------------------------------------------------ tick loop
     def _tick_loop(self) -> None:
@@ -557,7 +429,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
         if not self._running:
             return True
         try:
-            self.doTick(wait)
+            self.do_tick(wait)
             if self.journal.size_bytes > self.timing.compaction_bytes:
                 self.forceLogCompaction()
             return True
@@ -568,7 +440,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
     # --------------------------------------------------------------- status
     @property
     def is_leader(self) -> bool:
-        return self._isLeader()
+        return self.is_leading()
 
     @property
     def leader_raft_address(self) -> str | None:
@@ -592,7 +464,7 @@ class RaftGroup(Membership, LeaseElection, SyncObj):
 
     def _destroy(self) -> None:
         try:
-            self._doDestroy()
+            self.destroy_engine()
         finally:
             self.journal._destroy()
             self.state.close()

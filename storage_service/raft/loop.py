@@ -93,7 +93,6 @@ class RaftLoop:
     share one poller: the thread polls once for all their sockets and pipes,
     then runs each group's tick without waiting.
     """
-    _construct = threading.Lock()   # createPoller is swapped while a group is built
 
     def __init__(self, tick: float = 0.1, name: str = "raft", listen: str | None = None,
                  connection_timeout: float = 3.5, tls=None):

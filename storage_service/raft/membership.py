@@ -37,9 +37,7 @@ import struct
 import time
 from typing import Callable, Iterable
 
-import pysyncobj.pickle
-from pysyncobj import SyncObj
-from pysyncobj.syncobj import _COMMAND_TYPE, _bchr
+from ._pysyncobj import MEMBERSHIP, is_membership, membership_change
 
 __all__ = ["MAGIC", "Membership", "SNAPSHOT_ENTRY", "change_of", "decode_config", "encode_config", "read_members", "replay", "rewind",
            "snapshot_config", "write_members"]
@@ -54,10 +52,7 @@ MEMBERS_FILE = "members"
 
 def change_of(command: bytes) -> tuple[str, str] | None:
     """("add"|"rem", address) of a membership entry's command, else None."""
-    if not command or command[0] != _COMMAND_TYPE.MEMBERSHIP:
-        return None
-    request = pysyncobj.pickle.loads(bytes(command[1:]))
-    return request[0], request[1]
+    return membership_change(command)
 
 
 def _apply(config: set[str], change: tuple[str, str], reverse: bool = False) -> None:
@@ -155,20 +150,20 @@ class Membership:
     def _load_members(self) -> None:
         """Set the group's configuration from durable state (membership.py): the
         snapshot's config (else the initial members) + the journal's changes after it."""
-        path = self._SyncObj__conf.fullDumpFile
+        path = self.snapshot_path
         base, base_idx = snapshot_config(path) if os.path.isfile(path) else (None, 0)
         if base is None or base_idx < self.members_index:
             base, base_idx = self.initial_members, self.members_index
-        config = replay(base, self.journal.commands_after(base_idx, _COMMAND_TYPE.MEMBERSHIP))
+        config = replay(base, self.journal.commands_after(base_idx, MEMBERSHIP))
         me = self.selfNode.address
-        self._SyncObj__updateClusterConfiguration([a for a in config if a != me])
+        self.set_voters([a for a in config if a != me])
 
     def config_at_commit(self) -> tuple[list[str], int]:
         """(voters, commit index): the configuration as of the commit index, what a
         replica added now starts from (tick thread, or under ``RaftLoop.call``)."""
         commit = self.raftCommitIndex
         current = {n.address for n in self.otherNodes} | {self.selfNode.address}
-        return sorted(rewind(current, self.journal.commands_after(commit, _COMMAND_TYPE.MEMBERSHIP))), commit
+        return sorted(rewind(current, self.journal.commands_after(commit, MEMBERSHIP))), commit
 
     @property
     def members(self) -> list[str]:
@@ -198,7 +193,7 @@ class Membership:
         self.wake()
         try:
             while time.monotonic() < deadline:
-                if not self._isLeader():
+                if not self.is_leading():
                     return self.leader_hint == address or self._wait_hint(address, deadline)
                 time.sleep(0.01)
             return False
@@ -216,33 +211,33 @@ class Membership:
     def _transfer_step(self) -> bool:
         """Tick thread: True while new entries must wait for a transfer."""
         target = self._transfer
-        if target is None or time.monotonic() >= target[1] or not self._isLeader():
+        if target is None or time.monotonic() >= target[1] or not self.is_leading():
             return False
         if not target[2]:
             node = next((n for n in self.otherNodes if n.address == target[0]), None)
             if node is None:
                 return False
-            if self._SyncObj__raftMatchIndex.get(node, 0) == self._SyncObj__raftLog[-1][1]:
+            if self.match_index.get(node, 0) == self.last_log_index():
                 self.transferLeadership(node)
                 target[2] = True
         return True
 
-    def _SyncObj__changeCluster(self, request):
+    def on_change_cluster(self, base, request):
         # One change at a time: pysyncobj means to refuse a change while the last
         # one is uncommitted, but never records it (0.3.17's __changeClusterIDx
         # stays None), so two changes submitted together were both appended. A
         # membership entry anywhere past the commit index (also one a previous
         # leader appended) holds the next change back: REQUEST_DENIED.
-        if self.journal.commands_after(self.raftCommitIndex, _COMMAND_TYPE.MEMBERSHIP):
+        if self.journal.commands_after(self.raftCommitIndex, MEMBERSHIP):
             return False
-        return SyncObj._SyncObj__changeCluster(self, request)
+        return base(request)
 
-    def _SyncObj__doApplyCommand(self, command):
+    def on_apply_command(self, base, command):
         # pysyncobj re-applies a membership entry when it applies it, to rebuild
         # the configuration after a restart; ours is rebuilt from durable state
         # at start (_load_members), and re-applying old entries would walk it
         # back through configurations already left.
-        if command[:1] == _bchr(_COMMAND_TYPE.MEMBERSHIP):
+        if is_membership(command):
             return None
-        return SyncObj._SyncObj__doApplyCommand(self, command)
+        return base(command)
 

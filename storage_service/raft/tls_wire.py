@@ -26,12 +26,11 @@ import ssl
 import time
 from dataclasses import dataclass, field
 
-import pysyncobj.tcp_connection as tc
 from pysyncobj.poller import POLL_EVENT_TYPE
-from pysyncobj.tcp_server import TcpServer
 
 from ..protocol.tls import TlsBuffers, TlsFiles, client_context, common_name, server_context
 from ..security.certs import certificate_common_name
+from ._pysyncobj import CONNECTED, DISCONNECTED, Server
 from .transport import _LEN, FastTcpConnection
 
 __all__ = ["HubServer", "RaftTls", "TlsTcpConnection"]
@@ -85,7 +84,7 @@ class TlsTcpConnection(FastTcpConnection):
         self._early: list[bytes] = []            # frames queued before the handshake finished
         self.peer_name: str | None = None
         super().__init__(*args, **kwargs)
-        if self._TcpConnection__socket is not None:     # accepted: handshake before the first frame
+        if self.sock is not None:     # accepted: handshake before the first frame
             self._buffers = TlsBuffers(tls.server, server_side=True)
             self._shaking = True
 
@@ -94,20 +93,20 @@ class TlsTcpConnection(FastTcpConnection):
         self._early = []
         return super().connect(host, port)
 
-    def _TcpConnection__processConnection(self, descr, eventType):
+    def on_event(self, descr, eventType):
         if not self._shaking:
-            return super()._TcpConnection__processConnection(descr, eventType)
-        poller = self._TcpConnection__poller
+            return self.base_event(descr, eventType)
+        poller = self.poller
         if descr != self.fileno():
             poller.unsubscribe(descr)
             return
         if eventType & POLL_EVENT_TYPE.ERROR:
             self.disconnect()
             return
-        self._TcpConnection__processConnectionTimeout()
-        if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+        self.check_timeout()
+        if self.state == DISCONNECTED:
             return
-        sock = self._TcpConnection__socket
+        sock = self.sock
         if self._buffers is None:                # outgoing: TCP connected (or failed)
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
                 self.disconnect()
@@ -133,11 +132,11 @@ class TlsTcpConnection(FastTcpConnection):
             self.disconnect()
             return
         self._queue_raw(self._buffers.output())
-        if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+        if self.state == DISCONNECTED:
             return
         if not done:
-            _, wbuf = self._bufs()
-            poller.subscribe(descr, self._TcpConnection__processConnection, _READ_WRITE if wbuf else _READ)
+            _, wbuf = self.buffers()
+            self.watch(_READ_WRITE if wbuf else _READ, descr)
             return
         cert = self._buffers.getpeercert()
         problem = self._tls.check(cert)
@@ -151,22 +150,22 @@ class TlsTcpConnection(FastTcpConnection):
             self._queue_raw(self._buffers.encrypt(frame))
         # outgoing: pysyncobj's connected path (onConnected: the hub's hello; state
         # CONNECTED); then frames that came with the handshake's last read
-        super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.READ)
-        if self.state != tc.CONNECTION_STATE.DISCONNECTED:
-            super()._TcpConnection__processConnection(descr, POLL_EVENT_TYPE.READ)
-        if self.state != tc.CONNECTION_STATE.DISCONNECTED:
-            _, wbuf = self._bufs()
-            poller.subscribe(descr, self._TcpConnection__processConnection, _READ_WRITE if wbuf else _READ)
+        self.base_event(descr, POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.READ)
+        if self.state != DISCONNECTED:
+            self.base_event(descr, POLL_EVENT_TYPE.READ)
+        if self.state != DISCONNECTED:
+            _, wbuf = self.buffers()
+            self.watch(_READ_WRITE if wbuf else _READ, descr)
 
     def _queue_raw(self, data: bytes) -> None:
         """Ciphertext out, in the order it was made: straight to the socket when nothing
         waits before it, the rest behind the write buffer."""
         if not data:
             return
-        _, wbuf = self._bufs()
-        if not wbuf and self.state != tc.CONNECTION_STATE.DISCONNECTED:
+        _, wbuf = self.buffers()
+        if not wbuf and self.state != DISCONNECTED:
             try:
-                sent = self._TcpConnection__socket.send(data)
+                sent = self.sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
@@ -184,29 +183,28 @@ class TlsTcpConnection(FastTcpConnection):
             self._early.append(head + data)
             return
         # read-timeout check on every send, as pysyncobj's connection does
-        self._TcpConnection__processConnectionTimeout()
-        if self.state == tc.CONNECTION_STATE.DISCONNECTED:
+        self.check_timeout()
+        if self.state == DISCONNECTED:
             return
         # a small frame in one record; a big one without copying it behind its head first
         self._queue_raw(self._buffers.encrypt(head + data) if len(data) < 4096 else
                         self._buffers.encrypt(head, data))
-        _, wbuf = self._bufs()
-        if wbuf and self.state == tc.CONNECTION_STATE.CONNECTED:
-            self._TcpConnection__poller.subscribe(
-                self._TcpConnection__fileno, self._TcpConnection__processConnection, _READ_WRITE)
+        _, wbuf = self.buffers()
+        if wbuf and self.state == CONNECTED:
+            self.watch(_READ_WRITE)
 
-    def _TcpConnection__processSend(self):
+    def on_send_ready(self):
         if self._shaking:
             return False
-        return super()._TcpConnection__processSend()
+        return super().on_send_ready()
 
-    def _TcpConnection__processRead(self):
+    def on_readable(self):
         if self._shaking:
             return False
-        rbuf, _ = self._bufs()
+        rbuf, _ = self.buffers()
         chunk = self._recv_chunk()
         try:
-            n = self._TcpConnection__socket.recv_into(chunk)
+            n = self.sock.recv_into(chunk)
         except (BlockingIOError, InterruptedError):
             self._buffers.decrypt_into(b"", rbuf)    # records fed during the handshake
             return False
@@ -219,7 +217,7 @@ class TlsTcpConnection(FastTcpConnection):
         try:
             self._buffers.decrypt_into(chunk[:n], rbuf)
         except (ssl.SSLError, ConnectionError) as e:
-            log.warning("raft port: TLS from %s: %s; closing", _peer(self._TcpConnection__socket), e)
+            log.warning("raft port: TLS from %s: %s; closing", _peer(self.sock), e)
             self.disconnect()
             return False
         return True
@@ -233,7 +231,7 @@ def _peer(sock) -> str:
         return "a peer"
 
 
-class HubServer(TcpServer):
+class HubServer(Server):
     """pysyncobj's server, making the hub's connections (TLS ones when ``tls`` is given).
 
     pysyncobj closed its listening socket for good on any failed accept: a node
@@ -250,21 +248,18 @@ class HubServer(TcpServer):
         self._paused_until: float | None = None
 
     def resume_if_paused(self, now: float) -> None:
-        if self._paused_until is not None and now >= self._paused_until \
-                and self._TcpServer__fileno is not None:
+        if self._paused_until is not None and now >= self._paused_until and self.accept_again():
             self._paused_until = None
-            self._TcpServer__poller.subscribe(self._TcpServer__fileno, self._TcpServer__onNewConnection,
-                                              POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
-    def _TcpServer__onNewConnection(self, descr, event):
+    def on_accept(self, descr, event):
         if event & POLL_EVENT_TYPE.READ:
             try:
-                sock, _ = self._TcpServer__socket.accept()
+                sock, _ = self.listening.accept()
             except OSError as e:
                 if e.errno not in (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK):
                     log.warning("raft port: accept failed (%s); accepting again in %g s", e, self.PAUSE_S)
                     self._paused_until = time.monotonic() + self.PAUSE_S
-                    self._TcpServer__poller.unsubscribe(descr)
+                    self.server_poller.unsubscribe(descr)
                 return
             send, recv = self._kwargs.get("sendBufferSize"), self._kwargs.get("recvBufferSize")
             if send:
@@ -273,14 +268,14 @@ class HubServer(TcpServer):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, recv)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
-            conn = make_connection(self._TcpServer__poller, self._tls, socket=sock,
-                                   timeout=self._TcpServer__connectionTimeout,
+            conn = make_connection(self.server_poller, self._tls, socket=sock,
+                                   timeout=self.connection_timeout,
                                    sendBufferSize=send or 2 ** 13, recvBufferSize=recv or 2 ** 13)
-            self._TcpServer__onNewConnectionCallback(conn)
+            self.hand_over(conn)
         if event & POLL_EVENT_TYPE.ERROR:
             log.warning("raft port: an error on the listening socket; accepting again in %g s", self.PAUSE_S)
             self._paused_until = time.monotonic() + self.PAUSE_S
-            self._TcpServer__poller.unsubscribe(descr)
+            self.server_poller.unsubscribe(descr)
 
 
 def make_connection(poller, tls: RaftTls | None, **kwargs) -> FastTcpConnection:

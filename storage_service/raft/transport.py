@@ -20,11 +20,10 @@ import pickle
 import socket
 import struct
 
-import pysyncobj.pickle
-import pysyncobj.tcp_connection as tc
-import pysyncobj.tcp_server
-import pysyncobj.transport
 from pysyncobj.poller import POLL_EVENT_TYPE
+
+from . import _pysyncobj
+from ._pysyncobj import CONNECTED, Connection
 
 __all__ = ["FastTcpConnection", "install"]
 
@@ -32,14 +31,7 @@ _LEN = struct.Struct("<I")
 _AGAIN = (socket.errno.EAGAIN, socket.errno.EWOULDBLOCK)
 
 
-class FastTcpConnection(tc.TcpConnection):
-    def _bufs(self) -> tuple[bytearray, bytearray]:
-        # pysyncobj resets the buffers to bytes() on (re)connect and disconnect
-        if not isinstance(self._TcpConnection__readBuffer, bytearray):
-            self._TcpConnection__readBuffer = bytearray(self._TcpConnection__readBuffer)
-        if not isinstance(self._TcpConnection__writeBuffer, bytearray):
-            self._TcpConnection__writeBuffer = bytearray(self._TcpConnection__writeBuffer)
-        return self._TcpConnection__readBuffer, self._TcpConnection__writeBuffer
+class FastTcpConnection(Connection):
 
     def send(self, message):
         if self.encryptor:
@@ -47,14 +39,14 @@ class FastTcpConnection(tc.TcpConnection):
         if self.sendRandKey:
             message = (self.sendRandKey, message)
         data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        _, wbuf = self._bufs()
-        if not wbuf and self.state == tc.CONNECTION_STATE.CONNECTED:
+        _, wbuf = self.buffers()
+        if not wbuf and self.state == CONNECTED:
             # Nothing queued: hand the frame to the kernel straight from the
             # pickle, and queue only what it did not take (an append entry is
             # ~100 KiB+; copying it into the buffer first was a visible cost).
             # The read-timeout check pysyncobj makes on every send stays.
-            self._TcpConnection__processConnectionTimeout()
-            if self.state != tc.CONNECTION_STATE.CONNECTED:
+            self.check_timeout()
+            if self.state != CONNECTED:
                 # Timed out and closed. pysyncobj's disconnect callback may
                 # already have opened a new socket (state CONNECTING): this
                 # message must not go out ahead of that socket's handshake
@@ -63,7 +55,7 @@ class FastTcpConnection(tc.TcpConnection):
                 return
             head = _LEN.pack(len(data))
             try:
-                sent = self._TcpConnection__socket.sendmsg((head, data))
+                sent = self.sock.sendmsg((head, data))
             except socket.error as e:
                 if e.errno not in _AGAIN:
                     self.disconnect()
@@ -77,18 +69,16 @@ class FastTcpConnection(tc.TcpConnection):
         else:
             wbuf += _LEN.pack(len(data))
             wbuf += data
-            self._TcpConnection__trySendBuffer()
-        if wbuf and self.state == tc.CONNECTION_STATE.CONNECTED:
-            self._TcpConnection__poller.subscribe(
-                self._TcpConnection__fileno, self._TcpConnection__processConnection,
-                POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
+            self.try_send_buffer()
+        if wbuf and self.state == CONNECTED:
+            self.watch(POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.WRITE | POLL_EVENT_TYPE.ERROR)
 
-    def _TcpConnection__processSend(self):
-        _, wbuf = self._bufs()
+    def on_send_ready(self):
+        _, wbuf = self.buffers()
         if not wbuf:
             return False
         try:
-            res = self._TcpConnection__socket.send(wbuf)
+            res = self.sock.send(wbuf)
         except socket.error as e:
             if e.errno not in _AGAIN:
                 self.disconnect()
@@ -104,13 +94,13 @@ class FastTcpConnection(tc.TcpConnection):
         """One receive buffer per connection, not a fresh 1 MiB per recv."""
         chunk = getattr(self, "_chunk", None)
         if chunk is None:
-            chunk = self._chunk = memoryview(bytearray(self._TcpConnection__recvBufferSize))
+            chunk = self._chunk = memoryview(bytearray(self.recv_buffer_size))
         return chunk
 
-    def _TcpConnection__processRead(self):
+    def on_readable(self):
         chunk = self._recv_chunk()
         try:
-            n = self._TcpConnection__socket.recv_into(chunk)
+            n = self.sock.recv_into(chunk)
         except socket.error as e:
             if e.errno not in _AGAIN:
                 self.disconnect()
@@ -118,12 +108,12 @@ class FastTcpConnection(tc.TcpConnection):
         if not n:
             self.disconnect()
             return False
-        rbuf, _ = self._bufs()
+        rbuf, _ = self.buffers()
         rbuf += chunk[:n]
         return True
 
-    def _TcpConnection__processParseMessage(self):
-        rbuf, _ = self._bufs()
+    def next_message(self):
+        rbuf, _ = self.buffers()
         if len(rbuf) < _LEN.size:
             return None
         n = _LEN.unpack_from(rbuf, 0)[0]
@@ -151,6 +141,4 @@ def install() -> None:
     journal entries) from 2 to the highest: under protocol 2 every ``bytes``
     payload round-trips through a latin-1 ``str`` (``_codecs.encode``).
     """
-    setattr(pysyncobj.pickle, "__protocol", pickle.HIGHEST_PROTOCOL)
-    pysyncobj.transport.TcpConnection = FastTcpConnection
-    pysyncobj.tcp_server.TcpConnection = FastTcpConnection
+    _pysyncobj.install(FastTcpConnection)

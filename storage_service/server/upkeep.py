@@ -40,8 +40,8 @@ class Upkeep:
         for g, raft in list(self.groups.items()):
             if not g or not raft.is_leader:
                 continue
-            match = dict(raft._SyncObj__raftMatchIndex)
-            voters = [n for n in raft._SyncObj__otherNodes if n in match]
+            match = dict(raft.match_index)
+            voters = [n for n in raft.peers if n in match]
             if not voters:
                 continue
             target = max(voters, key=lambda n: match[n])
