@@ -304,11 +304,20 @@ def _make_log_class():
     return AppendLog
 
 
+def _status(obj) -> dict:
+    """pysyncobj's public ``getStatus``; {} when its tick thread changed the dicts it
+    walks meanwhile (a node just elected: "dictionary changed size during iteration")."""
+    try:
+        return obj.getStatus()
+    except RuntimeError:
+        return {}
+
+
 def _wait_leader(obj, timeout: float, stable: float = 0.3) -> str:
     """Leader address, once ready and unchanged for ``stable`` seconds."""
     deadline, seen, since = time.monotonic() + timeout, None, 0.0
     while (now := time.monotonic()) < deadline:
-        leader = obj.getStatus()["leader"] if obj.isReady() else None     # public API only
+        leader = _status(obj).get("leader") if obj.isReady() else None
         if leader is None or leader.address != seen:
             seen, since = leader and leader.address, now
         elif now - since >= stable:
@@ -381,7 +390,7 @@ def _node_main(idx: int, addrs: list[str], workdir: str, spec: dict[str, Any],
         if not go.wait(timeout=60):
             return
         if driver.value == idx:
-            if obj.getStatus()["state"] != 2:          # pysyncobj's LEADER
+            if _status(obj).get("state") != 2:          # pysyncobj's LEADER
                 raise RuntimeError("leadership moved before the run started")
             batch = make_payloads(spec["payload"], spec["batch"], spec["msg_size"])
             ctl.put(("result", idx, _drive(obj, batch, spec["seconds"], spec["warmup"],
