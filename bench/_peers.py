@@ -305,12 +305,15 @@ def _make_log_class():
 
 
 def _status(obj) -> dict:
-    """pysyncobj's public ``getStatus``; {} when its tick thread changed the dicts it
-    walks meanwhile (a node just elected: "dictionary changed size during iteration")."""
-    try:
-        return obj.getStatus()
-    except RuntimeError:
-        return {}
+    """pysyncobj's public ``getStatus``, asked again when its tick thread changed the
+    dicts it walks meanwhile (a node just elected: "dictionary changed size during
+    iteration"); {} if that kept happening."""
+    for _ in range(20):
+        try:
+            return obj.getStatus()
+        except RuntimeError:
+            time.sleep(0.01)
+    return {}
 
 
 def _wait_leader(obj, timeout: float, stable: float = 0.3) -> str:
