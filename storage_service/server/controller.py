@@ -28,8 +28,12 @@ up). What is planned:
 
 * replicas on a node being decommissioned (``leaving``) or down for longer
   than ``repair_after`` move to the live active node with the fewest
-  replicas (ties: fewest leaders, then address);
+  replicas (ties: fewest leaders, then address), in the rack holding fewest
+  of the group's other replicas (``racks.py``);
 * a group with fewer than RF replicas gets one more;
+* a group with more replicas in one rack than the rack rule allows (racks
+  named at start, a rack back from being down) moves one to another rack;
+  rebalancing moves never break the rule;
 * after ``rmq cluster rebalance``: new data groups while the cluster holds
   fewer replicas per node than at its first start (``plan_growth``; new
   queues go to them, the groups holding fewest), then one replica from the
@@ -56,6 +60,7 @@ from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP, raft_address
 from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
 from .errors import NotLeader, ServiceError
+from .racks import Racks
 
 __all__ = ["Controller", "ClusterView", "group_bytes", "plan_growth", "plan_move", "plan_rebalance", "plan_swap"]
 
@@ -90,6 +95,9 @@ class ClusterView:
         """Nodes new replicas may go to: active, answering."""
         return sorted(a for a, rec in self.nodes.items() if rec.get("state") == "active" and a in self.status)
 
+    def racks(self) -> Racks:
+        return Racks(self.nodes, self.usable())
+
     def node_bytes(self) -> dict:
         """Segment bytes each usable node reports for the data groups it holds."""
         out = dict.fromkeys(self.usable(), 0)
@@ -118,22 +126,22 @@ def plan_move(view: ClusterView, g: int, rf: int) -> list[str] | None:
     usable = view.usable()
     replicas, leaders = view.load()
     size = view.node_bytes()
+    racks = view.racks()
 
-    def best(excluded) -> str | None:
+    def key(a: str) -> tuple:
         # fewest replicas; then fewest bytes (a move costs data, a leadership does not)
-        free = [a for a in usable if a not in excluded]
-        return min(free, key=lambda a: (replicas[a], size[a], leaders[a], a)) if free else None
+        return replicas[a], size[a], leaders[a], a
 
     bad = [a for a in reps if view.nodes.get(a, {}).get("state") != "active" or a in view.down]
     if bad:
-        target = best(reps)
+        target = racks.choose([a for a in usable if a not in reps], [a for a in reps if a != bad[0]], key)
         if target is None:
             return None
         return [target if a == bad[0] else a for a in reps]
     if len(reps) < min(rf, len(usable)):
-        target = best(reps)
+        target = racks.choose([a for a in usable if a not in reps], reps, key)
         return reps + [target] if target else None
-    return None
+    return racks.fix(reps, key)          # a rack holding more of it than the rule allows
 
 
 def plan_growth(view: ClusterView, density: float, rf: int) -> tuple[int, list[str]] | None:
@@ -149,7 +157,7 @@ def plan_growth(view: ClusterView, density: float, rf: int) -> tuple[int, list[s
     if len(view.record) >= want:
         return None
     replicas, leaders = view.load()
-    reps = sorted(usable, key=lambda a: (replicas[a], leaders[a], a))[:rf]
+    reps = view.racks().pick(rf, lambda a: (replicas[a], leaders[a], a))
     reps.sort(key=lambda a: (leaders[a], replicas[a], a))
     return max(view.record, default=0) + 1, reps
 
@@ -161,14 +169,16 @@ def plan_rebalance(view: ClusterView) -> tuple[str, int, object] | None:
     moves one leadership (see _leader_step)."""
     replicas, leaders = view.load()
     size = view.node_bytes()
+    racks = view.racks()
     for donor in sorted(replicas, key=lambda a: (-replicas[a], -size[a], a)):
         for taker in sorted(replicas, key=lambda a: (replicas[a], size[a], a)):
             if replicas[donor] - replicas[taker] <= 1:
                 break
             for g in sorted(view.record):
                 reps = view.record[g]
-                if donor in reps and taker not in reps:
-                    return "replicas", g, [taker if a == donor else a for a in reps]
+                want = [taker if a == donor else a for a in reps]
+                if donor in reps and taker not in reps and racks.keeps(reps, want):
+                    return "replicas", g, want
     step = _leader_step(view, leaders)
     return ("leader", *step) if step is not None else None
 
@@ -233,8 +243,12 @@ def plan_swap(view: ClusterView, sizes: dict[int, int], spread: float = 0.1) -> 
     gap = weight[heavy] - weight[light]
     if mean <= 0 or gap <= spread * mean:
         return None
-    give = [g for g, r in view.record.items() if heavy in r and light not in r]
-    take = [g for g, r in view.record.items() if light in r and heavy not in r]
+    swap = lambda g, a, b: [b if x == a else x for x in view.record[g]]     # noqa: E731
+    racks = view.racks()
+    give = [g for g, r in view.record.items() if heavy in r and light not in r
+            and racks.keeps(r, swap(g, heavy, light))]
+    take = [g for g, r in view.record.items() if light in r and heavy not in r
+            and racks.keeps(r, swap(g, light, heavy))]
     best = None
     for g1 in give:
         for g2 in take:
@@ -244,7 +258,6 @@ def plan_swap(view: ClusterView, sizes: dict[int, int], spread: float = 0.1) -> 
     if best is None:
         return None
     _, g1, g2 = best
-    swap = lambda g, a, b: [b if x == a else x for x in view.record[g]]     # noqa: E731
     return [(g1, swap(g1, heavy, light)), (g2, swap(g2, light, heavy))]
 
 
