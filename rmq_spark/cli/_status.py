@@ -25,6 +25,8 @@ def add_parsers(sub) -> None:
     de = cs.add_parser("decommission", help="move every replica off a node, then take it out of the cluster")
     de.add_argument("node", help="the node's address, as rmq cluster status shows it")
     de.add_argument("--wait", action="store_true", help="return once the node is out (it can then be stopped)")
+    de.add_argument("--ignore-racks", action="store_true",
+                    help="even if it is the last node of its rack and groups can then not be on distinct racks")
     de.add_argument("--timeout", type=float, default=3600.0, help="seconds --wait waits (default 3600)")
     mv = cs.add_parser("move", help="move one replica of a data group to another node")
     mv.add_argument("group", type=int)
@@ -134,7 +136,7 @@ def _wait_for(client: Client, done, what: str, timeout: float) -> int:
 
 def cmd_cluster(client: Client, a) -> int:
     if a.action == "decommission":
-        print(client.cluster_command("decommission", a.node))
+        print(client.cluster_command("decommission", a.node, ignore_racks=a.ignore_racks))
         if not a.wait:
             return 0
         return _wait_for(client, lambda st: any(m["address"] == a.node and m["state"] == "removed"
@@ -156,12 +158,13 @@ def cmd_cluster(client: Client, a) -> int:
     if a.json:
         print(json.dumps(view, indent=2))
         return 0
-    rows = [[n["node_id"], n["address"], n["pid"] or "-", n["state"].upper() if n["state"] == "down" else "up",
+    rows = [[n["node_id"], n["address"], n.get("rack") or "-", n["pid"] or "-",
+             n["state"].upper() if n["state"] == "down" else "up",
              n["membership"], len([g for g in n["groups"] if g["group"] != META_GROUP]),
              ",".join(map(str, n["leaders"])) or "-", n["queues"], human_bytes(n["bytes"]),
              n.get("open_files", 0), n.get("http") or "-"] for n in view["nodes"]]
-    print(table(rows, ["node", "address", "pid", "state", "member", "replicas", "leads groups", "queues",
-                       "bytes", "open files", "http"]))
+    print(table(rows, ["node", "address", "rack", "pid", "state", "member", "replicas", "leads groups",
+                       "queues", "bytes", "open files", "http"]))
     print()
     by_node = {n["address"]: n for n in view["nodes"]}
     rows = [[f"{g['group']} ({g['role']})", g["leader"] or "-", g["term"], g["commit_index"] or "-",

@@ -119,25 +119,29 @@ class AdminCalls:
         resp = self.call("ClusterStatus", rmq_pb2.ClusterStatusRequest(), address=address,
                          group=None if address else META_GROUP)
         nodes = []
+        racks = {m.address: m.rack for m in resp.members}     # a node that did not answer: as recorded
         for n in resp.nodes:
             nodes.append(dict(address=n.address, node_id=n.node_id, pid=n.pid, reachable=n.reachable,
                               open_files=n.open_files, parked_fetches=n.parked_fetches, http=n.http,
+                              rack=n.rack or racks.get(n.address, ""),
                               groups=[dict(group=g.group, leader=g.leader, commit_index=g.commit_index,
                                            applied_index=g.applied_index, term=g.term,
                                            raft_log_entries=g.raft_log_entries, queues=g.queues,
                                            bytes=g.bytes, replicas=list(g.replicas)) for g in n.groups]))
         return {"groups": resp.groups, "nodes": nodes,
                 "placement": {p.group: list(p.replicas) for p in resp.placement},
-                "members": [dict(address=m.address, node_id=m.node_id, state=m.state, since_ms=m.since_ms)
-                            for m in resp.members],
+                "members": [dict(address=m.address, node_id=m.node_id, state=m.state, since_ms=m.since_ms,
+                                 rack=m.rack) for m in resp.members],
                 "controller": resp.controller, "rebalance_asked": resp.rebalance_asked,
                 "rebalance_done": resp.rebalance_done}
 
-    def cluster_command(self, action: str, node: str = "", group: int = 0, to: str = "") -> str:
+    def cluster_command(self, action: str, node: str = "", group: int = 0, to: str = "",
+                        ignore_racks: bool = False) -> str:
         """``rebalance``; ``decommission`` ``node`` (its address as cluster status shows
         it); ``move`` ``node``'s replica of data group ``group`` to node ``to``: recorded
         by the metadata leader, carried out by its controller."""
-        req = rmq_pb2.ClusterCommandRequest(action=action, node=node, group=group, to=to)
+        req = rmq_pb2.ClusterCommandRequest(action=action, node=node, group=group, to=to,
+                                            ignore_racks=ignore_racks)
         return self.call("ClusterCommand", req, group=META_GROUP).message
 
     def health(self, address: str | None = None, timeout: float = 5.0) -> dict:

@@ -54,8 +54,10 @@ class LocalCluster:
     def __init__(self, nodes: int | None = None, groups: int | None = None, data_dir: str = "./data",
                  port: int = 0, host: str = "127.0.0.1", fsync: str = "always",
                  extra_args: Sequence[str] = (), log_dir: str | None = None,
-                 hosts: Sequence[str] | None = None, secure: bool = False):
+                 hosts: Sequence[str] | None = None, secure: bool = False, racks: int = 0):
         """``nodes``/``groups`` default to what ``data_dir`` was created with (else 3 and 4).
+        ``racks``: node i runs with ``--rack r{i % racks}`` (0: no racks; default: what
+        ``data_dir`` was created with).
         ``secure``: a CA, a node and an admin certificate under ``data_dir/security``
         (``security/certs.py``), TLS on every node's ports (``tls``: the admin's files).
 
@@ -67,7 +69,7 @@ class LocalCluster:
         # before cluster.json or anything else is touched.
         self._lock = DirectoryLock(self.data_dir).acquire()
         try:
-            self._configure(nodes, groups, port, host, fsync, extra_args, log_dir, hosts)
+            self._configure(nodes, groups, port, host, fsync, extra_args, log_dir, hosts, racks)
             if not secure and os.path.exists(os.path.join(self.data_dir, "security", "ca.pem")):
                 raise ValueError(f"{self.data_dir} holds a cluster made with --secure (TLS): start it "
                                  "with --secure, so it is not served in plaintext")
@@ -77,8 +79,12 @@ class LocalCluster:
             self._lock.release()
             raise
 
-    def _configure(self, nodes, groups, port, host, fsync, extra_args, log_dir, hosts) -> None:
+    def _configure(self, nodes, groups, port, host, fsync, extra_args, log_dir, hosts, racks) -> None:
         saved = self._saved()
+        if racks < 0:
+            raise ValueError(f"racks {racks}: give 0 (no racks) or more")
+        self.racks = racks or (saved or {}).get("racks", 0)
+        self.node_racks: dict[int, str] = {}      # a node's rack other than r{i % racks} (add_node)
         if saved and (nodes or saved["nodes"], groups or saved["groups"]) != (saved["nodes"], saved["groups"]):
             raise ValueError(f"{self.data_dir} holds a cluster of {saved['nodes']} nodes and "
                              f"{saved['groups']} groups; start it with those (or use a new --data-dir)")
@@ -141,10 +147,11 @@ class LocalCluster:
     def _save(self, addresses: list[str]) -> None:
         with open(os.path.join(self.data_dir, "cluster.json"), "w") as f:
             json.dump({"nodes": len(addresses), "groups": self.groups, "addresses": addresses,
-                       "founders": self.founders}, f)
+                       "founders": self.founders, "racks": self.racks}, f)
 
-    def add_node(self, timeout: float = 60.0, start: bool = True) -> int:
-        """Start one more node that joins the running cluster (``--join``); its index."""
+    def add_node(self, timeout: float = 60.0, start: bool = True, rack: str | None = None) -> int:
+        """Start one more node that joins the running cluster (``--join``); its index.
+        ``rack``: its rack, if not ``r{i % racks}``."""
         used = [int(a.rsplit(":", 1)[1]) + k for a in self.addresses for k in range(PORTS_PER_NODE)]
         base = free_port_block(PORTS_PER_NODE, self.host, used)
         self.addresses.append(f"{self.host}:{base}")
@@ -153,6 +160,8 @@ class LocalCluster:
         self.nodes += 1
         self._save(self.addresses)
         i = self.nodes - 1
+        if rack is not None:
+            self.node_racks[i] = rack
         if start:
             self.start_node(i)
             self.wait_ready(timeout, nodes=[i])
@@ -172,9 +181,14 @@ class LocalCluster:
         founders = ",".join(self.addresses[:self.founders])
         who = (["--id", str(i), "--nodes", founders] if i < self.founders
                else ["--listen", self.addresses[i], "--join", founders])
+        rack = self.rack_of(i)
         return [sys.executable, "-m", "storage_service.server.cli", "node", *who, "--groups", str(self.groups),
                 "--data-dir", os.path.join(self.data_dir, f"node-{i}"),
-                "--fsync", self.fsync, *self.extra_args]
+                "--fsync", self.fsync, *(["--rack", rack] if rack else []), *self.extra_args]
+
+    def rack_of(self, i: int) -> str:
+        """Node i's rack ("" without racks)."""
+        return self.node_racks.get(i, f"r{i % self.racks}" if self.racks else "")
 
     def start_node(self, i: int) -> None:
         log = open(os.path.join(self.log_dir, f"node-{i}.log"), "ab")

@@ -49,5 +49,5 @@ class ClusterAdmin:
     @_guard
     def ClusterCommand(self, request, context):
         return rmq_pb2.ClusterCommandResponse(message=self.node.cluster_command(
-            request.action, request.node, request.group, request.to))
+            request.action, request.node, request.group, request.to, request.ignore_racks))
 

@@ -27,6 +27,10 @@ def _parse(argv):
     n.add_argument("--replication-factor", type=int, default=3,
                    help="replicas of each data group, on distinct nodes (default 3; at most the nodes)")
     n.add_argument("--data-dir", required=True)
+    n.add_argument("--rack", default="",
+                   help="this node's rack (or host, zone): each data group's replicas go to distinct racks "
+                        "when there are as many racks as replicas, else as evenly as the racks allow "
+                        "(default: none; nodes without a rack share one)")
     n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
     n.add_argument("--max-message-bytes", type=int, default=4 << 20)
     n.add_argument("--retention-interval", type=float, default=5.0, help="seconds between retention passes")
@@ -96,6 +100,8 @@ def _parse(argv):
     loc.add_argument("--data-dir", default="./data")
     loc.add_argument("--port", type=int, default=0, help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    loc.add_argument("--racks", type=int, default=0,
+                     help="put node i in rack r{i %% RACKS} (default 0: no racks)")
     loc.add_argument("--secure", action="store_true",
                      help="TLS on every node's ports, credentials and ACLs required: a CA, certificates, "
                           "a token secret and an admin token made under DATA_DIR/security (prints "
@@ -125,6 +131,10 @@ def run_node(args) -> int:
         return 2
     if args.replication_factor < 1:
         print(f"--replication-factor {args.replication_factor}: give 1 or more", file=sys.stderr)
+        return 2
+    problem = rack_problem(args.rack)
+    if problem:
+        print(f"--rack {args.rack!r}: {problem}", file=sys.stderr)
         return 2
     tls_given = [x for x in (args.tls_ca, args.tls_cert, args.tls_key) if x]
     if tls_given and len(tls_given) != 3:
@@ -226,7 +236,7 @@ def _make_node(args, addresses: tuple[str, ...]):
     from .node import NodeConfig, StorageNode
 
     return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
-                                  data_dir=args.data_dir, fsync=args.fsync,
+                                  data_dir=args.data_dir, fsync=args.fsync, rack=args.rack,
                                   max_message_bytes=args.max_message_bytes,
                                   segment_bytes=args.segment_bytes,
                                   retention_interval=args.retention_interval,
@@ -244,6 +254,16 @@ def _make_node(args, addresses: tuple[str, ...]):
                                   superusers=_names(args.superusers), data_umask=args.data_umask,
                                   http=not args.no_http, metrics=not args.no_metrics,
                                   metrics_max_queue_series=args.metrics_max_queue_series))
+
+
+def rack_problem(rack: str) -> str | None:
+    """What is wrong with a rack name, or None."""
+    from ..statemachine.meta import MAX_RACK_CHARS
+    if len(rack) > MAX_RACK_CHARS:
+        return f"{len(rack)} characters: at most {MAX_RACK_CHARS}"
+    if rack != rack.strip() or any(not (c.isalnum() or c in "-_.:/") for c in rack):
+        return "letters, digits and - _ . : / only"
+    return None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -264,7 +284,7 @@ def run_local(args) -> int:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,
                                port=args.port, fsync=args.fsync,
                                extra_args=["--replication-factor", str(args.replication_factor)],
-                               secure=args.secure)
+                               secure=args.secure, racks=args.racks)
     except (ValueError, DirectoryInUse) as e:
         print(f"rmq-storage: {e}", file=sys.stderr)
         return 2

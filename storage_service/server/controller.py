@@ -58,7 +58,7 @@ import grpc
 
 from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP, raft_address
-from ..statemachine.commands import RequestRebalance, SetNode, SetReplicas
+from ..statemachine.commands import RequestRebalance, SetNode, SetRack, SetReplicas
 from .errors import NotLeader, ServiceError
 from .racks import Racks
 
@@ -298,7 +298,21 @@ class Controller:
                 fut.cancel()             # down, cut off or paused: not seen this pass
         down = {a for a in asked if a not in status
                 and now - self._last_seen.get(a, self._since) > self.repair_after}
+        self._record_racks(nodes, status)
         return ClusterView(nodes, record, status, down)
+
+    def _record_racks(self, nodes: dict, status: dict) -> None:
+        """A node's rack as it reports it (``--rack``) goes into the record: placement
+        then knows it also while the node is down."""
+        for a, st in status.items():
+            if st.rack != nodes[a].get("rack", ""):
+                try:
+                    self.node.meta_command(SetRack(a, st.rack))
+                except ServiceError as e:
+                    log.info("controller: rack of %s not recorded: %s", a, e.message)
+                    continue
+                log.info("controller: node %s is in rack %r", a, st.rack)
+                nodes[a]["rack"] = st.rack
 
     # ------------------------------------------------------------------ pass
     def pass_once(self) -> str:

@@ -67,6 +67,7 @@ class NodeConfig:
     groups: int
     data_dir: str
     fsync: str = "always"
+    rack: str = ""                      # its rack (server/racks.py); "" shares the rack of all such nodes
     max_message_bytes: int = 4 << 20
     max_batch_bytes: int = 16 << 20
     max_batch_messages: int = 100_000
@@ -477,7 +478,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         st = rmq_pb2.NodeStatus(address=self.config.address, node_id=me.get("id", self.config.node_id),
                                 pid=os.getpid(), reachable=True, open_files=self.files.count,
                                 parked_fetches=sum(st.parked_count() for st in list(self.states.values())),
-                                http=self.http_address)
+                                http=self.http_address, rack=self.config.rack)
         for g, raft in sorted(self.groups.items()):
             queues = list(self.states[g].queues.values()) if g in self.states else []
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,

@@ -26,6 +26,7 @@ from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP, grpc_address, raft_address
 from ..raft.group import RaftGroup
 from ..statemachine.commands import RequestRebalance, SetNode, SetPlacement, SetReplicas
+from .racks import Racks
 from .errors import NotLeader, ServiceError, invalid, not_found
 from .peers import ask_group
 
@@ -227,9 +228,11 @@ class ReplicaSet:
         members, commit = self.raft_loop.call(raft.config_at_commit)
         return [grpc_address(m) for m in members], commit
 
-    def cluster_command(self, action: str, node: str, group: int = 0, to: str = "") -> str:
+    def cluster_command(self, action: str, node: str, group: int = 0, to: str = "",
+                        ignore_racks: bool = False) -> str:
         """``rmq cluster rebalance`` / ``decommission NODE`` / ``move GROUP NODE TO``
-        (this node leads the metadata group)."""
+        (this node leads the metadata group). A decommission that would leave fewer
+        racks than a group has replicas is refused unless ``ignore_racks``."""
         self.require_leader(META_GROUP)
         now = self.now_ms()
         if action == "rebalance":
@@ -250,6 +253,12 @@ class ReplicaSet:
             raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
                                f"decommissioning {node} would leave {len(stay)} active node(s) for groups of "
                                f"{need} replicas; add a node first (rmq-storage node --join)")
+        why = Racks(nodes, [a for a, rec in nodes.items() if rec.get("state") == "active"]).after_leaving(node, need)
+        if why and not ignore_racks:
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"decommissioning {node} would break the rack spread: {why}; add a node to "
+                               f"that rack first (rmq-storage node --rack ... --join), or decommission with "
+                               f"--ignore-racks")
         self.meta_command(SetNode(node, "leaving", now))
         held = sum(node in r for r in record.values())
         return f"node {node} is leaving: its {held} replica(s) move to other nodes, then it leaves the cluster"

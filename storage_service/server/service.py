@@ -385,7 +385,7 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
             resp.placement.add(group=g, replicas=replicas[g])
         for addr, rec in sorted(nodes.items(), key=lambda kv: kv[1].get("id", 0)):
             resp.members.add(address=addr, node_id=rec.get("id", 0), state=rec.get("state", ""),
-                             since_ms=rec.get("since_ms", 0))
+                             since_ms=rec.get("since_ms", 0), rack=rec.get("rack", ""))
         resp.controller = self.node.controller.doing
         resp.rebalance_asked, resp.rebalance_done = self.node.meta.rebalance, self.node.meta.rebalanced
         if not self._may_describe(context, "cluster", ""):

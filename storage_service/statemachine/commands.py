@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Union
 
 __all__ = ["AlterTopic", "CommitOffsets", "CreateTopic", "DataCommand", "DeleteTopic", "Drop", "Lease",
-           "MetaCommand", "Produce", "ProduceItem", "RequestRebalance", "SetNode", "SetPrincipal", "ChangeAcls", "SetPlacement", "SetReplicas", "SetWatermark",
+           "MetaCommand", "Produce", "ProduceItem", "RequestRebalance", "SetNode", "SetRack", "SetPrincipal", "ChangeAcls", "SetPlacement", "SetReplicas", "SetWatermark",
            "Truncate", "UnknownCommand",
            "decode_command"]
 
@@ -165,6 +165,15 @@ class SetNode(_Command):
 
 
 @dataclass(frozen=True, slots=True)
+class SetRack(_Command):
+    """Record a node's rack (``rmq-storage node --rack``): its replicas' placement
+    keeps each group's replicas on distinct racks (``server/racks.py``)."""
+    KIND: ClassVar[str] = "set_rack"
+    address: str
+    rack: str
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRebalance(_Command):
     """Ask the controller to even out replicas and leaders once (``rmq cluster rebalance``),
     or (``done``: the request's raft index) record that it did."""
@@ -195,9 +204,9 @@ class ChangeAcls(_Command):
 
 DataCommand = Union[Produce, Truncate, Drop]
 MetaCommand = Union[CreateTopic, AlterTopic, DeleteTopic, CommitOffsets, SetWatermark, Lease, SetPlacement,
-                    SetReplicas, SetNode, RequestRebalance, SetPrincipal, ChangeAcls]
+                    SetReplicas, SetNode, SetRack, RequestRebalance, SetPrincipal, ChangeAcls]
 _TYPES = {t.KIND: t for t in (Produce, Truncate, Drop, CreateTopic, AlterTopic, DeleteTopic, CommitOffsets,
-                              SetWatermark, Lease, SetPlacement, SetReplicas, SetNode, RequestRebalance,
+                              SetWatermark, Lease, SetPlacement, SetReplicas, SetNode, SetRack, RequestRebalance,
                               SetPrincipal, ChangeAcls)}
 
 

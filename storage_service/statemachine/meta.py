@@ -13,7 +13,7 @@ import uuid
 
 from ..protocol.placement import assign_groups, group_of
 from .commands import (AlterTopic, ChangeAcls, CommitOffsets, CreateTopic, DeleteTopic, Lease, RequestRebalance,
-                       SetNode, SetPlacement, SetPrincipal, SetReplicas, SetWatermark, UnknownCommand,
+                       SetNode, SetPlacement, SetRack, SetPrincipal, SetReplicas, SetWatermark, UnknownCommand,
                        decode_command)
 from .security import SecurityState
 
@@ -23,6 +23,7 @@ __all__ = ["FENCED_WATERMARKS", "MetaState", "NODE_STATES", "TOPIC_DEFAULTS", "n
 # ``rmq cluster decommission`` (no new replicas, its replicas move away); out
 # of the cluster (it holds nothing and may be stopped).
 NODE_STATES = ("active", "leaving", "removed")
+MAX_RACK_CHARS = 64
 
 # Watermarks only the topic's job of a kind moves, under its lease (watermark kind ->
 # lease kind): retention deletes hot data below ``archive``; compaction drops values
@@ -250,6 +251,16 @@ class MetaState:
         rec["index"] = raft_index
         return ("ok", dict(rec))
 
+    def _set_rack(self, raft_index: int, cmd: SetRack):
+        if cmd.address not in self.nodes:
+            return ("error", "NOT_FOUND", f"node {cmd.address} is not in the cluster "
+                                          f"(nodes: {', '.join(sorted(self.nodes)) or 'none'})")
+        if len(cmd.rack) > MAX_RACK_CHARS:
+            return ("error", "INVALID_ARGUMENT", f"rack name of {len(cmd.rack)} characters: "
+                                                 f"at most {MAX_RACK_CHARS}")
+        self.nodes[cmd.address]["rack"] = cmd.rack
+        return ("ok", cmd.rack)
+
     def _request_rebalance(self, raft_index: int, cmd: RequestRebalance):
         if cmd.done:
             self.rebalanced = max(self.rebalanced, cmd.done)
@@ -259,7 +270,7 @@ class MetaState:
 
     _HANDLERS = {CreateTopic: _create_topic, AlterTopic: _alter_topic, DeleteTopic: _delete_topic,
                  CommitOffsets: _commit_offsets, SetWatermark: _set_watermark, Lease: _lease,
-                 SetPlacement: _set_placement, SetReplicas: _set_replicas, SetNode: _set_node,
+                 SetPlacement: _set_placement, SetReplicas: _set_replicas, SetNode: _set_node, SetRack: _set_rack,
                  RequestRebalance: _request_rebalance,
                  SetPrincipal: lambda self, i, cmd: self.security.set_principal(i, cmd),
                  ChangeAcls: lambda self, i, cmd: self.security.change_acls(i, cmd)}
