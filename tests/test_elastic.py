@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rmq_spark.client import Client
+from rmq_spark.client import Client, FailedPrecondition
 from tests.conftest import start_cluster, wait_until
 from tests.test_cli import rmq
 
@@ -248,6 +248,30 @@ def test_a_node_down_past_repair_after_has_its_replicas_recreated_and_rejoins_cl
         assert replicas[dead] >= 2, replicas              # 12 replicas over 4 nodes: 3 each
         for q in range(4):
             assert len(client.fetch("repaired", q, 0, max_messages=1000).records) == 51
+    finally:
+        client.close()
+        c.stop()
+
+
+def test_a_decommissioned_metadata_leader_hands_the_group_on_while_still_running(tmp_path):
+    """The node leading the metadata group is decommissioned and left running (it "can
+    be stopped", not must). Its handlers refuse everything once it is removed, its own
+    hand-off of the leadership too: the group kept a leader that answered nothing and
+    every admin call spun for 30 s. Now the controller hands it on straight to raft."""
+    from rmq_spark.cli._status import cluster_view
+    c = start_cluster(tmp_path / "meta-leader", nodes=4, groups=4, extra_args=("--replication-factor", "3"))
+    client = Client(c.endpoints, timeout=60)
+    try:
+        lead = cluster_view(client.cluster_status())["groups"][0]["leader"]
+        out = rmq(c, "cluster", "decommission", lead, "--wait", "--timeout", "180", timeout=240).stdout
+        assert f"decommission {lead}: done" in out, out
+        wait_until(lambda: cluster_view(client.cluster_status())["groups"][0]["leader"] not in ("", lead),
+                   timeout=60, interval=0.5, what="another node leading the metadata group")
+        other = next(a for a in c.addresses if a != lead)
+        with Client([lead] + [a for a in c.addresses if a != lead], timeout=20) as first_the_removed:
+            with pytest.raises(FailedPrecondition, match="would leave 2 active node"):
+                first_the_removed.cluster_command("decommission", other)
+        assert c.procs[c.addresses.index(lead)].poll() is None          # it was never stopped
     finally:
         client.close()
         c.stop()

@@ -443,9 +443,11 @@ class Controller:
                 if st is not None and view.applied(a, META_GROUP) < rec.get("index", 0):
                     continue             # it has not learnt it was removed yet
                 if a == self.node.config.address:
+                    # This node, removed, still leads the metadata group: hand it on, straight
+                    # to raft (its RPC handlers refuse everything now, transfer_leader too).
                     others = [x for x in view.status if x != a and view.nodes.get(x, {}).get("state") == "active"]
-                    if others:
-                        self.node.transfer_leader(META_GROUP, others[0])
+                    if others and not meta.transfer_to(raft_address(others[0])):
+                        log.info("controller: %s did not take the metadata group over yet", others[0])
                     return
                 self.node.change_replicas(META_GROUP, remove=a)
                 log.info("controller: node %s left the metadata group", a)

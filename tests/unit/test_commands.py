@@ -73,3 +73,16 @@ def test_a_fenced_watermark_carries_its_token_and_a_wave1_one_decodes_without():
     assert fenced.encode() == ("set_watermark", "t", "archive", {0: 5}, 42)
     assert decode_command(fenced.encode()) == fenced
     assert decode_command(("set_watermark", "t", "archive", {0: 5})).lease_token is None
+
+
+def test_a_rack_is_recorded_for_a_known_node_and_kept_in_the_snapshot():
+    from storage_service.statemachine.commands import SetNode, SetRack
+    meta = MetaState()
+    assert meta.apply(1, SetRack("n9:1", "r0").encode())[:2] == ("error", "NOT_FOUND")
+    assert meta.apply(2, SetNode("n1:1", "active", 0).encode())[0] == "ok"
+    too_long = meta.apply(3, SetRack("n1:1", "r" * 65).encode())
+    assert too_long[:2] == ("error", "INVALID_ARGUMENT") and "at most 64" in too_long[2]
+    assert meta.apply(4, SetRack("n1:1", "r0").encode()) == ("ok", "r0")
+    again = MetaState()
+    again.restore(meta.snapshot(), 4, None)
+    assert again.placement()[0]["n1:1"]["rack"] == "r0"
