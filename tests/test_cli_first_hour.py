@@ -37,6 +37,14 @@ def spawn(cluster, *args) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _unread(pipe) -> int:
+    """Bytes written to ``pipe`` that its reader has not read yet (FIONREAD)."""
+    import fcntl
+    import struct
+    import termios
+    return struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+
 def consume_json(cluster, topic) -> list[dict]:
     return [json.loads(x) for x in rmq(cluster, "consume", topic, "--json").stdout.splitlines()]
 
@@ -158,7 +166,9 @@ def test_ctrl_c_sends_what_was_read_and_exits_130(cluster, client):
     p = spawn(cluster, "produce", "fh-int", "--linger", "10s")   # nothing would leave for 10 s
     p.stdin.write("".join(f"m{i}\n" for i in range(300)))
     p.stdin.flush()
-    time.sleep(1.0)
+    # Ctrl-C once it has read the input (the pipe is empty), not after a fixed sleep: on a
+    # busy machine the process was still starting after 1 s ("rmq: interrupted", nothing read)
+    wait_until(lambda: _unread(p.stdin) == 0, timeout=60, interval=0.05, what="rmq produce reading its input")
     p.send_signal(signal.SIGINT)
     err = p.communicate(timeout=30)[1]
     assert p.returncode == 130

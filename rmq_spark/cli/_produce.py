@@ -324,7 +324,8 @@ def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_
     try:
         for first, lines in read_lines(f):
             try:
-                msgs = parse_chunk(first, lines, as_json, bad)
+                # held while parsing too: lines taken from the input are sent, not dropped
+                msgs = ctrl_c.guarded(parse_chunk, first, lines, as_json, bad)
             except BadLine as e:          # from a pipe: the lines before it go out
                 ctrl_c.guarded(pipe.add, e.good)
                 read += len(e.good)
