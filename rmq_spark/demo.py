@@ -51,9 +51,11 @@ def _leader_node(client: Client, cluster: LocalCluster, group: int) -> int:
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="rmq-demo-") as tmp:
         print("starting a local 3-node cluster (3 processes, 4 data raft groups + metadata) ...")
-        # Small segments and a 1 s retention pass, so tiered data leaves the hot log at once.
+        # Small segments and a 1 s retention pass, so tiered data leaves the hot log at once
+        # and the balances' superseded values (~45 bytes each) leave it once compacted
+        # (only sealed segments are compacted).
         with LocalCluster(nodes=3, groups=4, data_dir=tmp,
-                          extra_args=["--segment-bytes", str(256 << 10),
+                          extra_args=["--segment-bytes", str(64 << 10),
                                       "--retention-interval", "1"]) as cluster:
             print(f"endpoints: {cluster.endpoints}")
             with Client(cluster.endpoints) as client:
