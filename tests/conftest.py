@@ -20,7 +20,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # unless told not to (the Makefile's --no-loadscope-reorder).
 SLOW_MODULES = ("tests/spark/test_compaction.py", "tests/spark/test_tiering.py", "tests/test_readme.py",
                 "tests/spark/test_tier_fence.py", "tests/spark/test_archive_read.py",
-                "tests/spark/test_s3_archive.py")
+                "tests/spark/test_s3_archive.py", "tests/test_demo.py")
 
 
 def pytest_collection_modifyitems(config, items):
