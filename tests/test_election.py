@@ -87,3 +87,28 @@ def test_a_leader_handing_over_gives_up_its_lease_at_once(groups):
     wait_until(lambda: not leader.read_ready(), timeout=2, what="the old leader's lease to end")
     new = _leader(groups)
     assert new is target and not leader.read_ready()
+
+
+def test_a_follower_held_up_longer_than_the_shortest_election_timeout_does_not_depose_the_leader(groups):
+    """Issue 37.2's cause, on purpose: one follower is down, the leader's only other
+    follower is held up 0.9 s (as a loaded host held a node's raft loop 0.5-0.57 s).
+    Check-quorum waited the shortest election timeout (0.6 s), so the leader stepped
+    down and the group re-elected; it now waits the longest (1.5 s)."""
+    leader = _leader(groups)
+    term = leader.raftCurrentTerm
+    down, held = [g for g in groups if g is not leader]
+    down.stop()
+    tick = held.tick
+    stalled = threading.Event()
+
+    def held_up(wait):                   # this replica's next tick starts 0.9 s late
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(0.9)
+        return tick(wait)
+    held.tick = held_up
+    time.sleep(2.5)                      # the hold-up, then a second past it
+    assert stalled.is_set()
+    assert leader.is_leader and leader.raftCurrentTerm == term, (leader.is_leader, leader.raftCurrentTerm, term)
+    assert held.raftCurrentTerm == term
+    _commit_everywhere([leader, held], leader)
