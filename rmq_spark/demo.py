@@ -49,6 +49,28 @@ def _leader_node(client: Client, cluster: LocalCluster, group: int) -> int:
 
 
 def main() -> int:
+    # Spark's JVM first: launched while the demo's gRPC client had its threads running,
+    # it sometimes died at once ("Java gateway process exited before sending its port
+    # number", after grpc's "epoll_wait error: Bad file descriptor"); the test suite
+    # starts its sessions before its clients too.
+    spark = _start_spark()
+    try:
+        return _main(spark)
+    finally:
+        spark.stop()
+
+
+def _start_spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from .spark import session_builder
+
+    print("starting Spark (local[2]) ...")
+    spark = session_builder("rmq-demo").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _main(spark) -> int:
     with tempfile.TemporaryDirectory(prefix="rmq-demo-") as tmp:
         print("starting a local 3-node cluster (3 processes, 4 data raft groups + metadata) ...")
         # Small segments and a 1 s retention pass, so tiered data leaves the hot log at once
@@ -60,7 +82,7 @@ def main() -> int:
             print(f"endpoints: {cluster.endpoints}")
             with Client(cluster.endpoints) as client:
                 rc = _run(client, cluster)
-                return rc or _spark(client, cluster.endpoints, tmp)
+                return rc or _spark(spark, client, cluster.endpoints, tmp)
 
 
 def _run(client: Client, cluster: LocalCluster) -> int:
@@ -104,39 +126,31 @@ def groups_table(status: dict) -> str:
                   for g in cluster_view(status)["groups"]], ["group", "leader", "term", "commit"])
 
 
-def _spark(client: Client, endpoints: str, tmp: str) -> int:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from .spark import session_builder
-
-    print("\nstarting Spark (local[2]) ...")
-    spark = session_builder("rmq-demo").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", TOPIC).load()
-        print('spark.read.format("rocketmq"): messages per tag and queue')
-        df.groupBy("tags", "queue").count().orderBy("tags", "queue").show()
-        client.create_topic("demo-taga", queues=2)
-        query = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
-                 .option("topic", TOPIC).option("startingOffsets", "earliest")
-                 .option("tags", "TagA").option("maxOffsetsPerTrigger", "8000")
-                 .option("consumerGroup", "demo-copy").load()
-                 .select("key", "value", "tags")
-                 .writeStream.format("rocketmq").option("endpoints", endpoints)
-                 .option("topic", "demo-taga")
-                 .option("checkpointLocation", os.path.join(tmp, "checkpoint"))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination()
-        copied = sum(o.latest for o in client.offsets("demo-taga"))
-        want = df.where("tags = 'TagA'").count()
-        lag = sum(o.latest - client.committed_offsets("demo-copy", TOPIC).get(o.queue, 0)
-                  for o in client.offsets(TOPIC))
-        print(f"streaming copy of TagA messages (exactly-once sink): {copied:,} written, "
-              f"{want:,} expected; consumer group demo-copy lag {lag}")
-        if copied != want or lag != 0:
-            return 1
-        return _tiering(spark, client, endpoints, tmp)
-    finally:
-        spark.stop()
+def _spark(spark, client: Client, endpoints: str, tmp: str) -> int:
+    print()
+    df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", TOPIC).load()
+    print('spark.read.format("rocketmq"): messages per tag and queue')
+    df.groupBy("tags", "queue").count().orderBy("tags", "queue").show()
+    client.create_topic("demo-taga", queues=2)
+    query = (spark.readStream.format("rocketmq").option("endpoints", endpoints)
+             .option("topic", TOPIC).option("startingOffsets", "earliest")
+             .option("tags", "TagA").option("maxOffsetsPerTrigger", "8000")
+             .option("consumerGroup", "demo-copy").load()
+             .select("key", "value", "tags")
+             .writeStream.format("rocketmq").option("endpoints", endpoints)
+             .option("topic", "demo-taga")
+             .option("checkpointLocation", os.path.join(tmp, "checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    copied = sum(o.latest for o in client.offsets("demo-taga"))
+    want = df.where("tags = 'TagA'").count()
+    lag = sum(o.latest - client.committed_offsets("demo-copy", TOPIC).get(o.queue, 0)
+              for o in client.offsets(TOPIC))
+    print(f"streaming copy of TagA messages (exactly-once sink): {copied:,} written, "
+          f"{want:,} expected; consumer group demo-copy lag {lag}")
+    if copied != want or lag != 0:
+        return 1
+    return _tiering(spark, client, endpoints, tmp)
 
 
 def _tiering(spark, client: Client, endpoints: str, tmp: str) -> int:
