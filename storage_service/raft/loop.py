@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # Seconds between two polls past which the loop reads its sockets again before any
 # group ticks (the poll itself waits up to ``tick``; a tick of every group is ms).
 LATE = 0.25
+WARN_LATE = 0.3      # a hold-up this long is logged
 
 
 class LoopGroup(Protocol):
@@ -113,9 +114,6 @@ class RaftLoop:
         self._acks: list[tuple] = []
         self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
-        self.stalls = 0                 # times the loop came back late to its sockets (LATE)
-        self.longest_stall = 0.0
-        self.warn_after = 0.3           # a hold-up this long is logged
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
 
@@ -232,9 +230,7 @@ class RaftLoop:
         fetching from peers, a stalled disk write, a starved CPU): read what arrived
         before any group ticks, so a leader counts the replies that wait in its
         sockets before its check-quorum judges its followers silent."""
-        self.stalls += 1
-        self.longest_stall = max(self.longest_stall, late)
-        if late > self.warn_after:
+        if late > WARN_LATE:
             log.warning("raft loop: held up for %.2f s; replies and heartbeats of every group of "
                         "this node waited as long", late)
         try:
