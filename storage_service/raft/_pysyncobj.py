@@ -71,7 +71,7 @@ RELIED_ON: dict[type, tuple[str, ...]] = {
         "_SyncObj__raftLeader", "_SyncObj__otherNodes", "_SyncObj__transport", "_SyncObj__conf",
         "_SyncObj__serializer", "_SyncObj__noopIDx", "_SyncObj__lastResponseTime",
         "_SyncObj__transferInProgress", "_SyncObj__commandsWaitingCommit", "_SyncObj__commandsQueue",
-        "_SyncObj__pipeNotifier"),
+        "_SyncObj__pipeNotifier", "_poller"),
     _tc.TcpConnection: (
         "_TcpConnection__processConnection", "_TcpConnection__processConnectionTimeout",
         "_TcpConnection__processSend", "_TcpConnection__processRead", "_TcpConnection__processParseMessage",
@@ -308,12 +308,17 @@ class Engine(SyncObj):
 
     def wake(self) -> None:
         """Make the tick run now (any thread)."""
+        self.tick_wanted = True
         notifier = getattr(self, "_SyncObj__pipeNotifier", None)
         if notifier is not None:
             notifier.notify()
 
     def do_tick(self, wait: float) -> None:
         self.doTick(wait)
+
+    def engine_poller(self):
+        """The poller pysyncobj built this group with (``built_on``)."""
+        return self._poller
 
     def destroy_engine(self) -> None:
         self._doDestroy()

@@ -96,6 +96,8 @@ class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
         ``disk``: the node's free-space watch; below its reserve this replica takes
         no new entries (``log/diskspace.py``)."""
         self.group_id = group_id
+        self.tick_wanted = True          # the loop ticks this group at its next turn (tick_due)
+        self._last_tick = 0.0
         self.disk = disk
         self.shortages = 0               # applies put off for want of space or descriptors
         self.refused_appends = 0         # appends not taken for want of space
@@ -315,6 +317,25 @@ class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
 
     # -------------------------------------------------------- stale appends
     def on_message(self, node, message):
+        try:
+            return self._on_message(node, message)
+        finally:
+            if not self._quiet(message):
+                self.tick_wanted = True
+
+    def _quiet(self, message) -> bool:
+        """A message after which a tick has nothing to do: a heartbeat, or a follower's
+        ack, that leaves nothing to commit or apply (``tick_due``)."""
+        kind = message.get("type")
+        if kind == "append_entries":
+            if message.get("entries") or "transmission" in message or message.get("serialized") is not None:
+                return False
+        elif kind != "next_node_idx" or not message.get("success") or message.get("reset"):
+            return False
+        return self.raftCommitIndex <= self.raftLastApplied and \
+            (not self.is_leading() or self.raftCommitIndex >= self.last_log_index())
+
+    def _on_message(self, node, message):
         if self._election_message(node, message):
             return       # lease, stickiness, pre-vote (election.py)
         if message.get("type") == "next_node_idx" and message.get("term", self.raftCurrentTerm) != self.raftCurrentTerm:
@@ -423,6 +444,23 @@ class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
         while self._running:
             if not self.tick(self.timing.tick):
                 time.sleep(self.timing.tick)
+
+    def want_tick(self) -> None:
+        self.tick_wanted = True
+
+    def tick_due(self, now: float, period: float) -> bool:
+        """Whether the loop should tick this group now (``loop.RaftLoop``): a message
+        that left work, a wake-up or an event of its own descriptors came, or the
+        timers are due: ``period`` passed (half of it on a leader, whose heartbeats
+        go every ``append_period``)."""
+        poller = self.engine_poller()
+        if self.tick_wanted or getattr(poller, "active", True) or \
+                now - self._last_tick >= (period / 2 if self.is_leading() else period):
+            self.tick_wanted = False
+            poller.active = False
+            self._last_tick = now
+            return True
+        return False
 
     def tick(self, wait: float) -> bool:
         """One raft tick (waiting up to ``wait`` for socket events); False if it failed."""

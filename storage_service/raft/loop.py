@@ -38,6 +38,8 @@ class LoopGroup(Protocol):
     raftCurrentTerm: int
 
     def tick(self, wait: float) -> bool: ...
+    def tick_due(self, now: float, period: float) -> bool: ...
+    def want_tick(self) -> None: ...
     def wake(self) -> None: ...
     def send_success(self, node, reset: bool, next_idx: int, term: int) -> None: ...
 
@@ -63,13 +65,17 @@ def capped_match_index(match: dict, durable_idx: int) -> dict:
 
 class _LoopPoller:
     """What one group of a RaftLoop sees as its poller: subscriptions go to the
-    loop's poller; ``poll`` does nothing (the loop polls once for all groups)."""
+    loop's poller; ``poll`` does nothing (the loop polls once for all groups).
+    ``active``: an event of the group's own descriptors (its wake-up pipe, its
+    sockets without a hub) came since the loop last ticked the group."""
 
     def __init__(self, poller: PollPoller):
         self._poller = poller
+        self.active = True
 
     def subscribe(self, descr, callback, eventMask):
         def guarded(fd, event):
+            self.active = True
             # One group's failing handler must not skip the other groups'
             # events of this poll (they would wait for the next one).
             try:
@@ -102,6 +108,7 @@ class RaftLoop:
         pysyncobj's own TCP transport on its own address. ``tls``: the hub's
         ``tls_wire.RaftTls`` (only nodes of the cluster may connect)."""
         self.tick = tick
+        self.timer_period = tick / 2     # the poll's longest wait (a leader's timer period)
         self.poller = PollPoller()
         self.hub = RaftHub(listen, self.poller, timeout=connection_timeout, tls=tls) if listen else None
         self.groups: list["LoopGroup"] = []
@@ -144,6 +151,8 @@ class RaftLoop:
                 fut.set_result(fn())
             except BaseException as e:
                 fut.set_exception(e)
+            for g in self.groups:       # whatever it changed is seen at once
+                g.want_tick()
 
     def start(self) -> None:
         self._thread.start()
@@ -214,11 +223,13 @@ class RaftLoop:
             late = time.monotonic() - polled
             if late > max(LATE, 2 * self.tick):
                 self._held_up(late)
+            now = time.monotonic()
             for g in self.groups:
-                g.tick(0.0)
+                if g.tick_due(now, self.tick):
+                    g.tick(0.0)
             try:
                 self._send_ready_acks()
-                self.poller.poll(self.tick)
+                self.poller.poll(self.timer_period)
                 polled = time.monotonic()
                 self._send_ready_acks()
             except Exception:
