@@ -167,64 +167,141 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def nodes_run(nodes: int, seconds: float, where: str, say) -> dict:
-    """The same produce workload on ``nodes`` nodes: throughput, CPU per message, balance."""
-    import threading
-    data = tempfile.mkdtemp(prefix=f"scale-n{nodes}-", dir=where)
-    cluster = LocalCluster(nodes=nodes, groups=10, data_dir=data)
-    cluster.start(timeout=120)
+# ---------------------------------------------------------------- nodes: throughput follows nodes
+PER_CALL_QUEUES = 8         # each produce_batches call: 8 queues x 100 messages of 1 KiB
+PER_QUEUE_MSGS = 100
+
+
+def producer(spec: dict) -> dict:
+    """One producer process (``--producer SPEC``): its own Client, calls of 8 queues x 100 x 1 KiB
+    until ``end``; acknowledged messages and call latencies counted inside ``[t0, t1]`` (wall clock,
+    shared with the parent). ``rate`` (msgs/s, 0: as fast as acks come) paces the calls."""
+    import random
+    rng = random.Random(spec["seed"])
+    msgs = [Message(b"x" * 1024)] * PER_QUEUE_MSGS
+    per_call = PER_CALL_QUEUES * PER_QUEUE_MSGS
+    acked, lat, gap = 0, [], per_call / spec["rate"] if spec["rate"] else 0.0
+    with Client(spec["endpoints"], timeout=60) as c:
+        c.list_topics()
+        while time.time() < spec["t0"] - spec["warmup"]:
+            time.sleep(0.01)
+        nxt = time.time()
+        while True:
+            now = time.time()
+            if now >= spec["t1"]:
+                break
+            if gap:
+                if now < nxt:
+                    time.sleep(nxt - now)
+                nxt = max(nxt + gap, time.time() - 1.0)     # no burst to catch up after a stall
+            qs = rng.sample(range(spec["queues"]), PER_CALL_QUEUES)
+            t = time.time()
+            c.produce_batches([(spec["topic"], q, msgs) for q in qs])
+            done = time.time()
+            if spec["t0"] <= done <= spec["t1"]:
+                acked += per_call
+                lat.append(done - t)
+    return {"acked": acked, "lat": lat}
+
+
+def _producers(endpoints: list[str], topic: str, queues: int, count: int, rate: float, warmup: float,
+               seconds: float) -> tuple[list, float, float]:
+    """Start ``count`` producer processes; (their processes, window start, window end)."""
+    import subprocess
+    t0 = time.time() + 4.0 + 0.1 * count + warmup        # time for the processes to import and connect
+    t1 = t0 + seconds
+    procs = []
+    for k in range(count):
+        spec = dict(endpoints=endpoints, topic=topic, queues=queues, rate=rate / count if rate else 0,
+                    seed=k, t0=t0, t1=t1, warmup=warmup)
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--producer", json.dumps(spec)],
+                                      stdout=subprocess.PIPE, text=True))
+    return procs, t0, t1
+
+
+def _even_leaders(c: Client, nodes: int, say, timeout: float = 120.0) -> tuple[int, int]:
+    """``rmq cluster rebalance``, then wait until leaders per node differ by at most one."""
+    c.cluster_command("rebalance")
+    deadline = time.monotonic() + timeout
+    while True:
+        st = c.cluster_status()
+        led = [sum(1 for g in n["groups"] if g["group"] and g["leader"] == n["address"]) for n in st["nodes"]]
+        if (st["rebalance_done"] >= st["rebalance_asked"] and len(led) == nodes and max(led) - min(led) <= 1) \
+                or time.monotonic() > deadline:
+            return min(led), max(led)
+        time.sleep(0.5)
+
+
+def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate: float = 0.0,
+              fsync: str = "always", cluster: LocalCluster | None = None) -> dict:
+    """Issue 39's workload on ``nodes`` nodes: 2N data groups, 8N queues, R3, 1 KiB messages,
+    ``producers`` processes (``rate``: the offered load in msgs/s, 0 for as fast as acks come).
+    Throughput, node CPU per acked message, cores used per node (mean and busiest), call latency."""
+    own = cluster is None
+    data = None
+    if own:
+        data = tempfile.mkdtemp(prefix=f"scale-n{nodes}-", dir=where)
+        cluster = LocalCluster(nodes=nodes, groups=2 * nodes, data_dir=data, fsync=fsync)
+        cluster.start(timeout=180)
+    topic, queues = "spread", 8 * nodes
     try:
         with Client(cluster.endpoints, timeout=60) as c:
-            c.create_topic("spread", queues=20)
-            st = c.cluster_status()
-            pids = _nodes(cluster)
-            cpu0 = [_cpu_s(p) for p in pids]
-            acked, stop, lock = [0], threading.Event(), threading.Lock()
-
-            def work(k: int) -> None:
-                msgs = [Message(b"x" * 1024)] * 100
-                q = k
-                while not stop.is_set():
-                    c.produce_batches([("spread", (q + j) % 20, msgs) for j in range(0, 20, 4)])
-                    with lock:
-                        acked[0] += 500
-                    q += 1
-            threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(4)]
-            t = time.perf_counter()
-            for th in threads:
-                th.start()
-            time.sleep(seconds)
-            stop.set()
-            for th in threads:
-                th.join()
-            elapsed = time.perf_counter() - t
-            cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
-        replicas = [sum(a in r for r in st["placement"].values()) for a in cluster.addresses]
-        leaders = [sum(1 for g in n["groups"] if g["group"] and g["leader"] == n["address"])
-                   for n in st["nodes"]]
-        row = dict(nodes=nodes, msgs_per_s=acked[0] / elapsed, cpu_us_per_msg=1e6 * sum(cpu) / acked[0],
-                   replicas=(min(replicas), max(replicas)), leaders=(min(leaders), max(leaders)),
-                   cpu_s=(min(cpu), max(cpu)))
-        say(f"  {nodes} nodes: {row}")
+            if topic not in {t["name"] for t in c.list_topics()}:
+                c.create_topic(topic, queues=queues)
+            leaders = _even_leaders(c, nodes, say)
+        pids = _nodes(cluster)
+        warmup = 3.0
+        procs, t0, t1 = _producers(cluster.endpoints, topic, queues, producers, rate, warmup, seconds)
+        while time.time() < t0:
+            time.sleep(0.005)
+        cpu0 = [_cpu_s(p) for p in pids]
+        while time.time() < t1:
+            time.sleep(0.005)
+        cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
+        outs = []
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            if p.returncode:
+                raise RuntimeError(f"a producer exited {p.returncode}")
+            outs.append(json.loads(out.strip().splitlines()[-1]))
+        acked = sum(o["acked"] for o in outs)
+        lat = sorted(x for o in outs for x in o["lat"])
+        row = dict(nodes=nodes, producers=producers, offered=rate, fsync=fsync,
+                   msgs_per_s=acked / seconds,
+                   cpu_us_per_msg=1e6 * sum(cpu) / acked if acked else float("nan"),
+                   cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
+                   call_p50_ms=1e3 * lat[len(lat) // 2] if lat else float("nan"),
+                   call_p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
+                   leaders=leaders)
+        say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
+            f"{row['cpu_us_per_msg']:.1f} us/msg, cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
         return row
     finally:
-        cluster.stop()
-        shutil.rmtree(data, ignore_errors=True)
+        if own:
+            cluster.stop()
+            shutil.rmtree(data, ignore_errors=True)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
-    p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
-    p.add_argument("--json", default=None, help="also write the rows to this file")
-    p.add_argument("--nodes-runs", type=int, action="append", help="node counts of the produce comparison "
-                                                                      "(default 3, 5; 0 to skip)")
-    p.add_argument("--seconds", type=float, default=20.0, help="length of each produce run")
-    a = p.parse_args(argv)
-    counts = a.queues or [1000, 10000]
-    rows = []
-    for n in counts:
-        rows.append(one(n, a.dir or tempfile.gettempdir(), lambda line: print(line, flush=True)))
+def nodes_table(rows: list[dict]) -> str:
+    base: dict = {}
+    for r in rows:
+        if r["nodes"] == rows[0]["nodes"] and r["producers"] == rows[0]["producers"]:
+            base.setdefault(r["offered"] > 0, r)
+    head = ["nodes", "producers", "offered msgs/s", "msgs/s", "x 3-node row", "node CPU us/msg", "x 3-node row",
+            "cores/node (mean)", "cores/node (busiest)", "call p50 ms", "call p99 ms", "leaders/node"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        b = base.get(r["offered"] > 0, r)
+        offered = f"{r['offered']:,.0f}" if r["offered"] else "max"
+        out.append(f"| {r['nodes']} | {r['producers']} | {offered} | "
+                   f"{r['msgs_per_s']:,.0f} | {r['msgs_per_s'] / b['msgs_per_s']:.2f} | {r['cpu_us_per_msg']:.1f} | "
+                   f"{r['cpu_us_per_msg'] / b['cpu_us_per_msg']:.2f} | {r['cores_mean']:.2f} | {r['cores_max']:.2f} | "
+                   f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {r['leaders'][0]}-{r['leaders'][1]} |")
+    return "\n".join(out)
+
+
+def queues_part(counts: list[int], where: str, say) -> list[dict]:
+    rows = [one(n, where, say) for n in counts]
     head = ["queues", "create s", "produce s", "read ms/q", "RSS MB", "RSS KB/q", "open files",
             "disk MB/node", "meta KB", "restart s", "/metrics KB", "/metrics s", "series", "queues per-topic only"]
     print("\n| " + " | ".join(head) + " |")
@@ -239,24 +316,71 @@ def main(argv=None) -> int:
           f"{big['rss_kb_per_queue'] * 1e6 / (1 << 20):.1f} GB more, metadata snapshot ~"
           f"{big['meta_snapshot_kb'] * 1e6 / big['queues'] / 1024:.0f} MB, restart ~"
           f"{big['restart_s'] * 1e6 / big['queues']:.0f} s (if it grows linearly)")
-    runs = [n for n in (a.nodes_runs or [3, 5]) if n]
-    spread = [nodes_run(n, a.seconds, a.dir or tempfile.gettempdir(), lambda line: print(line, flush=True))
-              for n in runs]
-    if spread:
-        head = ["nodes", "msgs/s", "node CPU us/msg", "replicas/node (min-max)", "leaders/node (min-max)",
-                "CPU s/node (min-max)"]
-        print("\n| " + " | ".join(head) + " |")
-        print("|" + "---|" * len(head))
-        for r in spread:
-            print(f"| {r['nodes']} | {r['msgs_per_s']:,.0f} | {r['cpu_us_per_msg']:.1f} | "
-                  f"{r['replicas'][0]}-{r['replicas'][1]} | {r['leaders'][0]}-{r['leaders'][1]} | "
-                  f"{r['cpu_s'][0]:.1f}-{r['cpu_s'][1]:.1f} |")
-    from bench import placement_sim
-    print("\nplacement simulation: 90 nodes + 10 joining, 10,000 groups of 3 replicas")
-    print(placement_sim.table(placement_sim.run(say=lambda line: None)))
+    return rows
+
+
+def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
+    """Each node count at full speed, then each at one offered load (half the first row's rate
+    unless ``--offered``), then the producer sweep on the first node count."""
+    rows = [nodes_run(n, a.producers, a.seconds, where, say, fsync=a.fsync) for n in a.nodes]
+    offered = a.offered or round(rows[0]["msgs_per_s"] / 2, -3)
+    if offered:
+        rows += [nodes_run(n, a.producers, a.seconds, where, say, rate=offered, fsync=a.fsync) for n in a.nodes]
+    sweep = [p for p in a.sweep if p != a.producers]
+    if sweep:
+        data = tempfile.mkdtemp(prefix="scale-sweep-", dir=where)
+        n = a.nodes[0]
+        cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync).start(timeout=180)
+        try:
+            for p in [a.producers] + sweep:
+                rows.append(nodes_run(n, p, a.seconds, where, say, fsync=a.fsync, cluster=cluster))
+        finally:
+            cluster.stop()
+            shutil.rmtree(data, ignore_errors=True)
+    print(f"\n{len(rows)} runs of {a.seconds:.0f} s: 2N data groups, 8N queues, 3 replicas, 1 KiB messages, "
+          f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
+          f"ratios against the first row of the same producers and load kind")
+    print(nodes_table(rows))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=["queues", "nodes", "placement"], action="append",
+                   help="parts to run (repeatable; default all three)")
+    p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
+    p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--nodes", type=int, action="append", help="node counts (repeatable; default 3, 6, 9)")
+    p.add_argument("--producers", type=int, default=12, help="producer processes of each node run (12)")
+    p.add_argument("--sweep", type=int, action="append",
+                   help="producer counts run on the first node count (repeatable; default 12, 24, 48; 0: none)")
+    p.add_argument("--offered", type=float, default=None,
+                   help="offered load of the same-load rows, msgs/s (default: half the first row's rate; 0: none)")
+    p.add_argument("--fsync", default="always", choices=["always", "never", "interval"])
+    p.add_argument("--seconds", type=float, default=15.0, help="measured window of each node run")
+    p.add_argument("--producer", default=None, help=argparse.SUPPRESS)   # a producer process's spec
+    a = p.parse_args(argv)
+    if a.producer:
+        print(json.dumps(producer(json.loads(a.producer))))
+        return 0
+    a.nodes = a.nodes or [3, 6, 9]
+    a.sweep = [s for s in (a.sweep or [12, 24, 48]) if s]
+    parts = a.only or ["queues", "nodes", "placement"]
+    where = a.dir or tempfile.gettempdir()
+    say = lambda line: print(line, flush=True)      # noqa: E731
+    out: dict = {}
+    if "queues" in parts:
+        out["queues"] = queues_part(a.queues or [1000, 10000], where, say)
+    if "nodes" in parts:
+        out["nodes"] = nodes_part(a, where, say)
+    if "placement" in parts:
+        from bench import placement_sim
+        print("\nplacement simulation: 90 nodes + 10 joining, 10,000 groups of 3 replicas")
+        print(placement_sim.table(placement_sim.run(say=lambda line: None)))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"queues": rows, "nodes": spread}, f, indent=2)
+            json.dump(out, f, indent=2)
     return 0
 
 

@@ -28,6 +28,13 @@ from .scrape import total
 pytestmark = pytest.mark.integration
 
 
+class _NoServicer:
+    """A servicer whose produce methods are never called (the port is not served)."""
+    def produce_batches(self, request):
+        raise AssertionError("not served")
+    submit_batches = finish_batches = produce_batches
+
+
 def _port_of(cluster, node: int = 0) -> tuple[str, int]:
     host, port = produce_address(cluster.addresses[node]).rsplit(":", 1)
     return host, int(port)
@@ -255,7 +262,7 @@ def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
 
 def test_a_produce_port_that_cannot_be_bound_leaves_the_node_on_grpc(cluster, caplog):
     host, port = _port_of(cluster, 1)            # taken: node 1 serves it
-    assert _produce_server(lambda request: None, f"{host}:{port}") is None
+    assert _produce_server(_NoServicer(), f"{host}:{port}") is None
     assert "not served" in caplog.text and "over gRPC" in caplog.text
 
 
@@ -410,7 +417,7 @@ def test_an_idle_connection_closes_itself_and_the_next_call_reopens(cluster, top
 
 def test_a_produce_port_on_another_nodes_port_is_not_served(cluster, caplog):
     taken = set(cluster.addresses)
-    assert _produce_server(lambda request: None, cluster.addresses[1], taken) is None
+    assert _produce_server(_NoServicer(), cluster.addresses[1], taken) is None
     assert "another node's gRPC or raft port" in caplog.text
 
 

@@ -5,11 +5,10 @@ Lines become batches per queue on the client: keyed messages go to
 batch and move on to the next (Kafka's sticky partitioner), ``--queue``
 pins them all. A batch leaves when it is full (``--batch`` messages or 1 MiB)
 or when its oldest line has waited ``--linger``, so a slow stream is stored
-line by line, not 500 lines late. Sender threads each own some queues and
-send one batch per queue at a time (``Client.produce_batches``; calls of the
-threads to one node share RPCs): order within a queue is kept, and every
-batch carries an idempotent producer id and sequence, so a retry after a
-lost reply is stored once.
+line by line, not 500 lines late. One sender thread hands each batch to a
+pipelined producer (``Client.producer``): up to 5 requests in flight per
+node, each queue's batches stored once and in order (idempotent producer
+id and sequence; the node refuses a batch whose predecessor is missing).
 
 Bad input: a line that is not UTF-8 (or, with ``--json``, not a message) is
 named with its number. From a file, every line is checked before anything
@@ -23,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import itertools
 import os
 import signal
@@ -122,11 +122,8 @@ class Pipeline:
         self.error: BaseException | None = None
         self.closing = False
         self._cursor = 0
-        n = min(queues, senders)
-        owned = ([[fixed_queue]] if fixed_queue is not None else
-                 [[q for q in range(queues) if q % n == i] for i in range(n)])
-        self.threads = [threading.Thread(target=self._send_loop, args=(qs,), daemon=True,
-                                         name=f"rmq-produce-{i}") for i, qs in enumerate(owned)]
+        self.producer = client.producer()
+        self.threads = [threading.Thread(target=self._send_loop, daemon=True, name="rmq-produce")]
         for t in self.threads:
             t.start()
 
@@ -228,26 +225,34 @@ class Pipeline:
                 return None
             self.cond.wait(wait)
 
-    def _send_loop(self, queues: list[int]) -> None:
-        while True:
-            with self.cond:
-                batches = self._take(queues)
-            if batches is None:
-                return
-            n = sum(len(b) for _, b in batches)
-            size = sum(_size(m) for _, b in batches for m in b)
-            try:
-                self.client.produce_batches([(self.topic, q, b) for q, b in batches])
-            except BaseException as e:          # the run stops: nothing after this is sent
+    def _send_loop(self) -> None:
+        queues = [self.fixed] if self.fixed is not None else list(range(self.queues))
+        try:
+            while True:
                 with self.cond:
-                    self.error = self.error or e
-                    self.cond.notify_all()
-                return
+                    batches = self._take(queues)
+                if batches is None:
+                    break
+                for q, b in batches:
+                    fut = self.producer.send(self.topic, q, b)
+                    fut.add_done_callback(functools.partial(self._done, len(b), sum(map(_size, b))))
+        except BaseException as e:              # the run stops: nothing after this is sent
             with self.cond:
-                self.acked += n
-                self.buffered -= n
-                self.buffered_bytes -= size
+                self.error = self.error or e
                 self.cond.notify_all()
+        self.producer.close()                   # waits for what is in flight
+
+    def _done(self, n: int, size: int, fut) -> None:
+        """A batch acknowledged (or failed: the run stops; the producer's thread)."""
+        error = fut.exception()
+        with self.cond:
+            if error is not None:
+                self.error = self.error or error
+            else:
+                self.acked += n
+            self.buffered -= n
+            self.buffered_bytes -= size
+            self.cond.notify_all()
 
 
 def _is_file(f: BinaryIO) -> bool:

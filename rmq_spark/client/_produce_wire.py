@@ -59,7 +59,7 @@ FALLBACK_SECONDS = 30.0
 CONNECT_TIMEOUT = 2.0
 IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
 POLL_SECONDS = 0.1         # how late a deadline may be noticed
-PRODUCE, FETCH = "produce", "fetch"    # the kinds of connection a transport keeps apart
+PRODUCE, FETCH, ORDERED = "produce", "fetch", "ordered"    # the kinds of connection a transport keeps apart
 
 
 class WireCallError(grpc.RpcError):
@@ -292,20 +292,24 @@ class ProduceTransport:
         # Fetches get connections of their own: a fetch's answer (megabytes) and a
         # produce request sent from the reader thread (ProduceSender sends the next
         # one from a reply's callback) must never wait on each other's socket buffers.
-        self._conns: dict[str, list[_Connection]] = {PRODUCE: [], FETCH: []}
+        self._conns: dict[str, list[_Connection]] = {PRODUCE: [], FETCH: [], ORDERED: []}
+        self._ordered_lock = threading.Lock()
         self._busy: dict[_Connection, int] = {}   # requests given to each connection, not yet done
-        self._opening = {PRODUCE: 0, FETCH: 0}
+        self._opening = {PRODUCE: 0, FETCH: 0, ORDERED: 0}
         self._fallback_until = 0.0
         self._fetch_unserved_until = 0.0
         self._closed = False
 
-    def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float):
+    def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float, ordered: bool = False):
+        """``ordered``: on the one connection of ordered requests, which the node submits
+        in the order they were sent (``Producer``: several requests in flight, each
+        queue's batches in order)."""
         if self._closed:
             return _failed(grpc.StatusCode.CANCELLED, "client closed")
         if time.monotonic() < self._fallback_until or request.ByteSize() > MAX_FRAME:
             return self._fallback(request, timeout=timeout)     # too big: gRPC says so precisely
         deadline = time.monotonic() + timeout
-        conn = self._open(timeout, PRODUCE)
+        conn = self._open(timeout, ORDERED if ordered else PRODUCE)
         if conn is None:
             # gRPC on that node may still work, within what is left of this attempt (a
             # node cut off from the network must not cost the connect timeout and then
@@ -362,10 +366,16 @@ class ProduceTransport:
         """A connection of ``kind`` (``PRODUCE``, ``FETCH``) with nothing in flight if
         there is one (or can be one), else the least busy; counted busy until its
         request is done."""
+        if kind == ORDERED:
+            with self._ordered_lock:             # exactly one: opened by one caller at a time
+                return self._one_connection(timeout, kind, 1)
+        return self._one_connection(timeout, kind, self.max_connections)
+
+    def _one_connection(self, timeout: float, kind: str, limit: int) -> _Connection:
         with self._lock:
             conns = self._conns[kind] = [c for c in self._conns[kind] if not c.closed]
             idle = [c for c in conns if not self._busy.get(c)]
-            if idle or (conns and len(conns) + self._opening[kind] >= self.max_connections):
+            if idle or (conns and len(conns) + self._opening[kind] >= limit):
                 conn = idle[0] if idle else min(conns, key=lambda c: self._busy.get(c, 0))
                 self._busy[conn] = self._busy.get(conn, 0) + 1
                 return conn
@@ -396,7 +406,7 @@ class ProduceTransport:
         with self._lock:
             self._closed = True
             conns = [c for kind in self._conns.values() for c in kind]
-            self._conns = {PRODUCE: [], FETCH: []}
+            self._conns = {PRODUCE: [], FETCH: [], ORDERED: []}
         for c in conns:
             c.close()
 

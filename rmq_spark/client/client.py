@@ -32,6 +32,7 @@ from storage_service.protocol.tls import TlsFiles, channel_credentials, client_c
 from ._admin import AdminCalls
 from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb
 from ._produce_sender import ProduceSender
+from ._producer import Producer
 from ._produce_wire import ProduceTransport
 from ._routing import RetryClock, Routes
 from ._security import SecurityCalls
@@ -290,6 +291,15 @@ class Client(AdminCalls, SecurityCalls):
             reqs.append(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
                                                count=len(messages), producer_id=pid, sequence=seq))
         return self._send_batches(reqs, RetryClock(timeout or self.timeout))
+
+    def producer(self, max_in_flight: int = 5, timeout: float | None = None) -> Producer:
+        """A producer keeping up to ``max_in_flight`` requests in flight per node:
+        ``send(topic, queue, messages)`` returns a ``Future`` of the batch's
+        ``ProduceResult``; ``flush()`` waits for all; use it as a context manager.
+        Each queue's batches are stored once and in the order sent, across retries,
+        leader changes and node restarts (``_producer.py``). ``timeout``: how long a
+        batch may take, retries included (the client's timeout by default)."""
+        return Producer(self, max_in_flight, timeout)
 
     def _send_batches(self, reqs: list[rmq_pb2.ProduceRequest], clock: RetryClock) -> list[ProduceResult]:
         """Send each round's pending batches, one RPC per node (``ProduceSender``),

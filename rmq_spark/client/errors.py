@@ -17,6 +17,7 @@ from storage_service.protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_MET
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "TlsRefused",
+           "Aborted", "OutOfOrderSequence",
            "from_status", "from_rpc_error", "TOKEN_HINT"]
 
 # Where a valid token comes from, named in every UNAUTHENTICATED error the client raises.
@@ -97,6 +98,16 @@ class PermissionDenied(RmqError, PermissionError):
     """The principal may not do this (the message names principal, operation, resource)."""
 
 
+class Aborted(RmqError):
+    """The operation met a conflict (a condition it was given no longer held)."""
+
+
+class OutOfOrderSequence(Aborted):
+    """A pipelined batch reached its queue before an earlier batch of its producer was
+    stored (that one failed or is still on its way): sent again after it."""
+    retriable = True
+
+
 class DeadlineExceeded(RmqError, TimeoutError):
     retriable = True
 
@@ -119,6 +130,7 @@ _BY_CODE = {
     grpc.StatusCode.CANCELLED: Unavailable,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.ABORTED: Aborted,
 }
 
 
@@ -135,6 +147,8 @@ def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | 
         return TlsRefused(untrusted_message(details, address), code)
     if code == grpc.StatusCode.UNAVAILABLE and (leader or "not leader" in details):
         return NotLeader(message, code, leader or None)
+    if code == grpc.StatusCode.ABORTED and details.startswith("out of order"):
+        return OutOfOrderSequence(message, code)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after:
         return Overloaded(message, code)
     return _BY_CODE.get(code, RmqError)(message, code)

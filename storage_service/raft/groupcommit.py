@@ -53,11 +53,16 @@ class GroupCommitter:
         self.max_in_flight = max_in_flight
         self.slot_timeout = slot_timeout
         self._pending: collections.deque = collections.deque()
+        self._waiting = 0                          # bytes in _pending
         self._lock = threading.Lock()
         self._in_flight: dict[int, float] = {}   # entry number -> proposed at (tick thread only)
         self._entries = 0
         self._running = True
         raft.set_committer(self)
+
+    def waiting_bytes(self) -> int:
+        """Bytes submitted and not yet proposed (the node bounds it: ``Backlog``)."""
+        return self._waiting
 
     def submit(self, item: tuple, size: int) -> Future:
         fut: Future = Future()
@@ -67,6 +72,7 @@ class GroupCommitter:
         with self._lock:
             wake = not self._pending
             self._pending.append((item, size, fut))
+            self._waiting += size
         if wake:
             self.raft.wake()
         return fut
@@ -91,6 +97,7 @@ class GroupCommitter:
                 entry = self._pending.popleft()
                 batch.append(entry)
                 total += entry[1]
+            self._waiting -= total
         self._entries += 1
         self._propose(self._entries, batch)
 
@@ -118,5 +125,6 @@ class GroupCommitter:
         self._running = False
         with self._lock:
             left, self._pending = list(self._pending), collections.deque()
+            self._waiting = 0
         for _, _, fut in left:
             fut.set_exception(CommitFailed(FAIL_REASON.REQUEST_DENIED))

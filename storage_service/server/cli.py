@@ -33,6 +33,9 @@ def _parse(argv):
                         "(default: none; nodes without a rack share one)")
     n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
     n.add_argument("--max-message-bytes", type=int, default=4 << 20)
+    n.add_argument("--max-commit-backlog", type=int, default=64 << 20,
+                   help="bytes of produce batches that may wait to be committed per group; past it a "
+                        "produce is refused RESOURCE_EXHAUSTED and the client retries (default 64 MiB)")
     n.add_argument("--retention-interval", type=float, default=5.0, help="seconds between retention passes")
     n.add_argument("--segment-bytes", type=int, default=64 << 20)
     n.add_argument("--compaction-entries", type=int, default=2000,
@@ -238,6 +241,7 @@ def _make_node(args, addresses: tuple[str, ...]):
     return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
                                   data_dir=args.data_dir, fsync=args.fsync, rack=args.rack,
                                   max_message_bytes=args.max_message_bytes,
+                                  max_commit_backlog=args.max_commit_backlog,
                                   segment_bytes=args.segment_bytes,
                                   retention_interval=args.retention_interval,
                                   max_open_files=args.max_open_files, max_queues=args.max_queues,

@@ -5,7 +5,7 @@ import grpc
 
 from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, StorageError
 
-__all__ = ["ServiceError", "NotLeader", "NodeFull", "invalid", "not_found"]
+__all__ = ["Backlog", "OutOfOrder", "ServiceError", "NotLeader", "NodeFull", "invalid", "not_found"]
 
 
 class ServiceError(StorageError):
@@ -43,6 +43,39 @@ class NodeFull(ServiceError):
 
     def trailing_metadata(self) -> tuple:
         return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
+
+
+class Backlog(ServiceError):
+    """A group's batches waiting to be committed reached the node's limit: refused
+    rather than queued without bound; the client backs off and retries."""
+    retriable = True
+    retry_after_ms = 20
+
+    def __init__(self, group: int, waiting: int, limit: int):
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"group {group}: {_size(waiting)} of produce batches wait to be committed; the "
+                         f"limit is {_size(limit)} per group (--max-commit-backlog): retry in a moment")
+
+    def trailing_metadata(self) -> tuple:
+        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
+
+
+class OutOfOrder(ServiceError):
+    """An in-order batch came before an earlier batch of its producer was stored
+    (that one failed, or is still on its way): the producer sends again from there."""
+    retriable = True
+
+    def __init__(self, group: int, producer: str, sequence: int, expected: int):
+        super().__init__(grpc.StatusCode.ABORTED,
+                         f"out of order: producer {producer} sent sequence {sequence} to a queue of group "
+                         f"{group} where sequence {expected} comes next; send the batches from {expected} "
+                         "again, in order")
+        self.expected = expected
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 and not n % (1 << 20) else \
+        f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
 
 
 def invalid(message: str) -> ServiceError:

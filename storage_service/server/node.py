@@ -30,11 +30,11 @@ from ..raft.group import RaftGroup, RaftLoop, RaftTiming
 from ..raft.groupcommit import CommitFailed, GroupCommitter
 from ..raft.tls_wire import RaftTls
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
-from ..statemachine.data import DataState, parse_queue_dir, queue_dir
+from ..statemachine.data import OUT_OF_ORDER, DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
 from .authz import Gate
 from .controller import Controller
-from .errors import NodeFull, NotLeader, ServiceError, not_found
+from .errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
 from .meta_sync import MetaSync, security_config
@@ -71,6 +71,7 @@ class NodeConfig:
     max_message_bytes: int = 4 << 20
     max_batch_bytes: int = 16 << 20
     max_batch_messages: int = 100_000
+    max_commit_backlog: int = 64 << 20     # per group: produce bytes waiting to be committed
     segment_bytes: int = 64 << 20
     retention_interval: float = 5.0
     segment_sync_interval: float = 0.25
@@ -379,15 +380,20 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         return self.wait_produce(*self.submit_produce(cfg, queue, block, count, producer, seq))
 
     def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
-                       seq: int) -> tuple[int, Future]:
-        """Hand a validated block to the group's committer; ``wait_produce`` gets the result."""
+                       seq: int, in_order: bool = False) -> tuple[int, Future]:
+        """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
+        A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
         g = self.group_of(cfg["name"], queue, cfg)
         self.require_leader(g)
         if self.disk.low():
             raise NodeFull(self.disk.describe(self.config.address))
+        committer = self.committers[g]
+        waiting = committer.waiting_bytes()
+        if waiting + len(block) > self.config.max_commit_backlog and waiting:
+            raise Backlog(g, waiting, self.config.max_commit_backlog)
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                           self.now_ms(), count, block)
-        fut = self.committers[g].submit(item, len(block))
+                           self.now_ms(), count, block, in_order and bool(producer))
+        fut = committer.submit(item, len(block))
         if self.metrics is not None:
             fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))
         return g, fut
@@ -416,13 +422,22 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         try:
             if not self._await(self.groups[g], lambda t: _settled(fut, t)):
                 raise FutureTimeout
-            return fut.result(0)
+            return self.produce_result(g, fut.result(0))
         except FutureTimeout:
             raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
                                f"group {g}: produce not committed within {self.config.commit_timeout}s "
                                "(outcome unknown; retry with the same producer id and sequence)") from None
         except CommitFailed as e:
             raise NotLeader(g, self.leader_of(g)) from e
+
+    @staticmethod
+    def produce_result(g: int, res: tuple) -> tuple:
+        """An applied batch's result (base, count, store ts, duplicate); OutOfOrder for
+        an in-order batch refused in apply."""
+        if res and res[0] == OUT_OF_ORDER:
+            _, expected, producer, seq = res
+            raise OutOfOrder(g, producer, seq, expected)
+        return res
 
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:

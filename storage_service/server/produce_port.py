@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import ssl
 import threading
@@ -63,6 +64,7 @@ IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed
 CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}    # a frame's code -> the metric's label
 METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch"}
 HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
+MAX_PIPELINED = 32          # produce requests in flight per connection before its reader waits
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -111,11 +113,18 @@ class ProduceWireServer:
     def __init__(self, handle: Callable[[rmq_pb2.ProduceBatchesRequest], rmq_pb2.ProduceBatchesResponse],
                  host: str, port: int, max_frame: int = MAX_FRAME,
                  max_connections: int = MAX_CONNECTIONS, ssl_context=None, gate=None, metrics=None,
-                 fetch: Callable[[rmq_pb2.FetchRequest, tuple], bytes] | None = None):
+                 fetch: Callable[[rmq_pb2.FetchRequest, tuple], bytes] | None = None,
+                 submit: Callable[[rmq_pb2.ProduceBatchesRequest], list] | None = None,
+                 finish: Callable[[rmq_pb2.ProduceBatchesRequest, list], rmq_pb2.ProduceBatchesResponse]
+                 | None = None):
         """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
         the token in its hello (or its client certificate) and each request checked
-        as gRPC's ``ProduceBatches`` is (a fetch is checked by ``fetch`` itself)."""
+        as gRPC's ``ProduceBatches`` is (a fetch is checked by ``fetch`` itself).
+        ``submit``/``finish``: ``handle`` in two steps (the servicer's
+        ``submit_batches``/``finish_batches``): a connection then keeps reading while
+        its requests commit (``_Answers``)."""
         self._handle = handle
+        self._submit, self._finish = (submit, finish) if submit and finish else (None, None)
         self._fetch = fetch
         self._gate = gate
         self._metrics = metrics              # the node's NodeMetrics, or None
@@ -156,6 +165,7 @@ class ProduceWireServer:
 
     def _serve(self, conn: socket.socket) -> None:
         plain = conn
+        answers = _Answers(self, conn)
         try:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             if self._ssl is not None:
@@ -186,12 +196,17 @@ class ProduceWireServer:
                     raise (WireProtocolError if frames.buffered else PeerClosed)(
                         f"connection closed with {frames.buffered} bytes of a frame read")
                 frame = frames.got(n)
-                if frame is not None:
-                    started = time.perf_counter()
+                if frame is None:
+                    continue
+                started = time.perf_counter()
+                if frame.code == METHOD_PRODUCE_BATCHES and self._submit is not None:
+                    code, reply = self._pipelined(frame, credentials, started, answers)
+                    if reply is None:
+                        continue                         # submitted: answered when committed
+                else:
                     code, reply = self._answer(frame.code, frame.body, credentials)
-                    if self._metrics is not None and frame.code in METHOD_NAMES:
-                        self._metrics.request(METHOD_NAMES[frame.code], "produce_port",
-                                              CODE_NAMES.get(code, "UNKNOWN"), time.perf_counter() - started)
+                self._count(frame.code, code, started)
+                with answers.lock:
                     if isinstance(reply, _FileReply):
                         reply.send(conn, frame.request_id)
                     else:
@@ -207,9 +222,45 @@ class ProduceWireServer:
         except OSError:
             pass                             # the client went away, or idle past IDLE_SECONDS
         finally:
+            answers.close()                  # what is in flight is still answered, if it can be
             with self._lock:
                 self._conns.discard(plain)
             conn.close()
+
+    def _count(self, method: int, code: int, started: float) -> None:
+        if self._metrics is not None and method in METHOD_NAMES:
+            self._metrics.request(METHOD_NAMES[method], "produce_port", CODE_NAMES.get(code, "UNKNOWN"),
+                                  time.perf_counter() - started)
+
+    def _pipelined(self, frame, credentials, started: float, answers: "_Answers") -> tuple[int, bytes | None]:
+        """Submit a ProduceBatches frame and leave its answer to ``answers``: (0, None); or
+        the error to answer now."""
+        request, error = self._produce_request(frame.body, credentials)
+        if error is not None:
+            return error
+        try:
+            submitted = self._submit(request)
+        except ServiceError as e:
+            return _error(e.code, e.message)
+        except Exception:
+            log.exception("ProduceBatches over the produce stream failed")
+            return _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
+        answers.put(frame.request_id, request, submitted, started)
+        return 0, None
+
+    def _produce_request(self, body: bytearray, credentials):
+        """(the ProduceBatchesRequest, None), or (None, the error to answer)."""
+        try:
+            request = rmq_pb2.ProduceBatchesRequest.FromString(body)   # parses the bytearray as is
+        except DecodeError as e:
+            return None, _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a ProduceBatchesRequest: {e}")
+        if self._gate is not None:
+            try:
+                # every frame: a token rotated, deleted or expired since the hello ends here
+                self._gate.check_call("ProduceBatches", request, self._gate.principal(*credentials))
+            except ServiceError as e:
+                return None, _error(e.code, e.message)
+        return request, None
 
     def _answer(self, method: int, body: bytearray, credentials=None) -> tuple[int, bytes]:
         if method == METHOD_FETCH and self._fetch is not None:
@@ -219,14 +270,10 @@ class ProduceWireServer:
             return _error(grpc.StatusCode.UNIMPLEMENTED,
                           f"method {method}: the produce stream serves "
                           + ", ".join(f"{m} ({n})" for m, n in sorted(served.items())))
+        request, error = self._produce_request(body, credentials)
+        if error is not None:
+            return error
         try:
-            request = rmq_pb2.ProduceBatchesRequest.FromString(body)   # parses the bytearray as is
-        except DecodeError as e:
-            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a ProduceBatchesRequest: {e}")
-        try:
-            if self._gate is not None:
-                # every frame: a token rotated, deleted or expired since the hello ends here
-                self._gate.check_call("ProduceBatches", request, self._gate.principal(*credentials))
             return 0, self._handle(request).SerializeToString()
         except ServiceError as e:
             return _error(e.code, e.message)
@@ -274,6 +321,56 @@ class ProduceWireServer:
             except OSError:
                 pass
         self._thread.join(timeout=5)
+
+
+class _Answers:
+    """A connection's produce requests in flight, answered in the order they came by a
+    thread of the connection's own while its reader goes on reading.
+
+    Requests of one connection are submitted in the order they arrive, so a
+    producer's batches to one queue enter their group's raft log in order (a
+    client keeps a node's pipelined requests on one connection). At most
+    ``MAX_PIPELINED`` wait here; past that the reader waits too, and TCP tells the
+    client to stop. Both threads send under ``lock``.
+    """
+
+    def __init__(self, server: ProduceWireServer, conn):
+        self._server, self._conn = server, conn
+        self.lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue(MAX_PIPELINED)
+        self._thread: threading.Thread | None = None
+
+    def put(self, request_id: int, request, submitted: list, started: float) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="produce-wire-answers", daemon=True)
+            self._thread.start()
+        self._queue.put((request_id, request, submitted, started))
+
+    def _run(self) -> None:
+        srv, sending = self._server, True
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            request_id, request, submitted, started = item
+            try:
+                code, body = 0, srv._finish(request, submitted).SerializeToString()
+            except ServiceError as e:
+                code, body = _error(e.code, e.message)
+            except Exception:
+                log.exception("ProduceBatches over the produce stream failed")
+                code, body = _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
+            srv._count(METHOD_PRODUCE_BATCHES, code, started)
+            if sending:
+                try:
+                    with self.lock:
+                        send_frame(self._conn, request_id, code, body)
+                except OSError:
+                    sending = False          # the client went away: the rest still finish, unsent
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
 
 
 class _FileReply:

@@ -149,7 +149,13 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
     def produce_batches(self, request: rmq_pb2.ProduceBatchesRequest) -> rmq_pb2.ProduceBatchesResponse:
         """Every batch is submitted before any is waited for, so batches of one
         group share a raft entry; each gets its own outcome. Also served on the
-        produce port (``producewire``)."""
+        produce port (``produce_port``), which submits a connection's requests in
+        the order they came and answers each once it is done."""
+        return self.finish_batches(request, self.submit_batches(request))
+
+    def submit_batches(self, request: rmq_pb2.ProduceBatchesRequest) -> list:
+        """Each batch validated and handed to its group's committer: ``(group, future)``,
+        or the ServiceError it was refused with."""
         if not request.batches:
             raise invalid("batches is empty: give at least one produce batch")
         submitted = []
@@ -159,9 +165,13 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
                     raise invalid(f"queue {b.queue}: every batch of ProduceBatches needs an explicit queue")
                 cfg, block, count = validate_produce(self.node, b)
                 submitted.append(self.node.submit_produce(cfg, b.queue, block, count, b.producer_id,
-                                                          b.sequence))
+                                                          b.sequence, b.in_order))
             except ServiceError as e:
                 submitted.append(e)
+        return submitted
+
+    def finish_batches(self, request: rmq_pb2.ProduceBatchesRequest, submitted: list) -> rmq_pb2.ProduceBatchesResponse:
+        """The answer to ``submit_batches``'s batches, once each is committed (or failed)."""
         resp = rmq_pb2.ProduceBatchesResponse()
         for b, sub in zip(request.batches, submitted):
             out = resp.outcomes.add()
@@ -444,7 +454,7 @@ class Servers:
         self.grpc.stop(grace=grace)
 
 
-def _produce_server(handle, address: str, taken: set[str] = frozenset(),
+def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
                     ssl_context=None, gate=None, metrics=None, fetch=None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
@@ -456,8 +466,9 @@ def _produce_server(handle, address: str, taken: set[str] = frozenset(),
         return None
     host, port = address.rsplit(":", 1)
     try:
-        return ProduceWireServer(handle, host, int(port), ssl_context=ssl_context, gate=gate, metrics=metrics,
-                                 fetch=fetch)
+        return ProduceWireServer(servicer.produce_batches, host, int(port), ssl_context=ssl_context, gate=gate,
+                                 metrics=metrics, fetch=fetch, submit=servicer.submit_batches,
+                                 finish=servicer.finish_batches)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
@@ -510,7 +521,7 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
                          tls_client_cert=c.tls_client_cert, gate=node.gate, metrics=node.metrics)
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
-    produce = _produce_server(server.servicer.produce_batches, produce_address(c.address), taken, ctx,
+    produce = _produce_server(server.servicer, produce_address(c.address), taken, ctx,
                               gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server))
     taken |= {produce_address(a) for a in c.addresses}
     http = _http_server(server, node, taken, ctx)

@@ -46,9 +46,14 @@ class ProduceItem:
     store_ts: int           # the leader's clock when it proposed; apply keeps it non-decreasing
     count: int
     records: bytes          # protocol.records block
+    # Refuse the batch (OUT_OF_ORDER) when the producer is known on the queue and
+    # ``sequence`` is past the next one expected: a pipelined producer's batch must
+    # not be stored before an earlier one that failed (see DataState._apply_batch).
+    in_order: bool = False
 
     def encode(self) -> tuple:
-        return (self.queue_dir, self.producer_id, self.sequence, self.store_ts, self.count, self.records)
+        head = (self.queue_dir, self.producer_id, self.sequence, self.store_ts, self.count, self.records)
+        return head + (True,) if self.in_order else head      # wave 1's tuple when not in order
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from ..log.queue_log import QueueLog
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
 
-__all__ = ["CatchUpFailed", "DataState", "apply_position", "queue_dir", "parse_queue_dir"]
+__all__ = ["CatchUpFailed", "DataState", "OUT_OF_ORDER", "apply_position", "queue_dir", "parse_queue_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class CatchUpFailed(RuntimeError):
     retry_later = True
 MAX_PRODUCERS_PER_QUEUE = 1000
 REMEMBERED_BATCHES = 8
+OUT_OF_ORDER = "out_of_order"     # a produce result: (OUT_OF_ORDER, sequence expected, producer, sequence)
 
 FetchRange = Callable[[str, int, int], bytes]
 
@@ -194,6 +195,10 @@ class DataState:
             dup = self._find_duplicate(qname, producer, seq)
             if dup is not None:
                 return dup
+            if item.in_order:
+                expected = self._expected_sequence(qname, producer)
+                if expected is not None and seq > expected:
+                    return (OUT_OF_ORDER, expected, producer, seq)
         if position <= q.last_position:
             # Replay of a batch already in the segments (journal replay after
             # a restart): rebuild the dedupe entry, write nothing.
@@ -215,6 +220,14 @@ class DataState:
             if s == seq:
                 return (base, count, ts, True)
         return (-1, 0, 0, True)      # older than what we remember: applied before
+
+    def _expected_sequence(self, qname, producer) -> int | None:
+        """The sequence after the producer's last batch on the queue (None: not known)."""
+        batches = self.producers.get(qname, {}).get(producer)
+        if not batches:
+            return None
+        seq, _, count, _ = batches[-1]
+        return seq + count
 
     def _remember(self, qname, producer, seq, base, count, ts):
         table = self.producers.setdefault(qname, collections.OrderedDict())

@@ -1,0 +1,305 @@
+"""A producer that keeps several requests in flight per node (``Client.producer``).
+
+``Client.produce_batches`` waits for each call: one thread keeps one request
+in flight, and a call touching several groups waits for the slowest commit.
+Kafka's producer keeps up to 5 requests in flight per broker and still stores
+each partition's batches once and in order (idempotence with sequence
+checks). ``Producer`` does the same with our parts:
+
+* every batch carries the producer's id, its queue's next sequence and
+  ``in_order``: the node refuses (OUT_OF_ORDER, retriable) a batch whose
+  predecessor was not stored, so no batch is stored before an earlier one;
+* a node's requests go over one produce-port connection, which the node
+  submits in the order sent (``produce_port._Answers``), so batches of one
+  queue enter the raft log in order and the refusal is rare;
+* a queue's first batch (the node does not know the producer there yet) and
+  every retry go alone, one at a time, until one is acknowledged; then the
+  queue pipelines again. Retries are idempotent (same id and sequence);
+* a batch that fails for good (a non-retriable error, or its ``timeout``
+  passed) fails the queue's later batches too, and the queue starts over
+  under a new producer id: nothing behind a lost batch is stored out of order.
+
+One thread (``producer-<id>``) sends, retries and completes the futures;
+``send`` only queues. Futures' callbacks run on that thread.
+"""
+from __future__ import annotations
+
+import collections
+import random
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import grpc
+
+from storage_service.proto import rmq_pb2
+
+from ._messages import plain_block
+from ._types import ProduceResult
+from .errors import InvalidArgument, NotLeader, OutOfOrderSequence, RmqError, from_rpc_error, from_status
+
+__all__ = ["Producer"]
+
+MAX_REQUEST_BYTES = 16 << 20     # one request to a node carries at most this (and one batch more)
+FIRST_DELAY, MAX_DELAY = 0.01, 1.0
+
+
+@dataclass(eq=False)
+class _Batch:
+    lane: "_Lane | None"
+    request: rmq_pb2.ProduceRequest
+    future: Future
+    deadline: float
+    retry_at: float = 0.0
+    attempts: int = 0
+    in_flight: bool = False
+    group: int = 0
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One queue's batches not yet done, in sequence order."""
+    topic: str
+    queue: int
+    group: int
+    producer_id: str
+    next_sequence: int = 0
+    known: bool = False            # a batch of this producer id was stored: pipelining is safe
+    serial: bool = False           # retrying: one batch at a time until one is acknowledged
+    batches: collections.deque = field(default_factory=collections.deque)
+    in_flight: int = 0
+
+
+class Producer:
+    """``send`` batches to queues with up to ``max_in_flight`` requests in flight per
+    node; each batch's ``Future`` gets its ``ProduceResult`` (module doc)."""
+
+    def __init__(self, client, max_in_flight: int = 5, timeout: float | None = None):
+        if max_in_flight < 1:
+            raise InvalidArgument(f"max_in_flight={max_in_flight}: give 1 or more")
+        self._client = client
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout or client.timeout
+        self._id = f"{client._client_id}-p{uuid.uuid4().hex[:10]}"
+        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._node_in_flight: collections.Counter = collections.Counter()
+        self._cond = threading.Condition()
+        self._new: list[_Batch] = []
+        self._done: list[tuple[list[_Batch], str, object]] = []
+        self._unfinished = 0
+        self.peak_in_flight = 0        # the most requests one node had in flight at once
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"producer-{self._id}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ API
+    def send(self, topic: str, queue: int, messages) -> Future:
+        """Queue one batch for ``queue``; the future gets its ``ProduceResult`` (or the error)."""
+        messages = list(messages)
+        if not messages:
+            raise InvalidArgument(f"batch for {topic}/{queue} is empty: give at least one message")
+        group = self._client.group_of(topic, queue)
+        req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
+                                     count=len(messages), in_order=True)
+        b = _Batch(None, req, Future(), time.monotonic() + self.timeout)
+        b.group = group
+        with self._cond:
+            if self._closed:
+                raise RmqError("producer closed")
+            self._new.append(b)
+            self._unfinished += 1
+            self._cond.notify()
+        return b.future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every batch sent so far is done (stored or failed)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._unfinished:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"{self._unfinished} batches still in flight after {timeout} s")
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        """``flush``, then stop the producer's thread."""
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ the thread
+    def _lane_id(self) -> str:
+        return f"{self._id}-{uuid.uuid4().hex[:8]}"
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._new or self._done or self._closed) and not self._retry_due():
+                    self._cond.wait(self._next_wait())
+                if self._closed and not self._unfinished:
+                    return
+                new, self._new = self._new, []
+                done, self._done = self._done, []
+            for b in new:                   # lanes are this thread's alone
+                key = (b.request.topic, b.request.queue)
+                lane = self._lanes.get(key)
+                if lane is None:
+                    lane = self._lanes[key] = _Lane(*key, b.group, self._lane_id())
+                b.lane = lane
+                b.request.producer_id, b.request.sequence = lane.producer_id, lane.next_sequence
+                lane.next_sequence += b.request.count
+                lane.batches.append(b)
+            for batches, address, outcome in done:
+                self._complete(batches, address, outcome)
+            self._dispatch()
+
+    def _retry_due(self) -> bool:
+        now = time.monotonic()
+        return any(not b.in_flight and b.attempts and b.retry_at <= now
+                   for lane in self._lanes.values() for b in lane.batches)
+
+    def _next_wait(self) -> float:
+        waits = [b.retry_at for lane in self._lanes.values() for b in lane.batches
+                 if not b.in_flight and b.attempts]
+        return max(0.001, min(waits) - time.monotonic()) if waits else 0.5
+
+    def _sendable(self, lane: _Lane, now: float) -> list[_Batch]:
+        """The lane's batches to send now, in order."""
+        if not lane.batches:
+            return []
+        if not lane.known or lane.serial:
+            first = lane.batches[0]
+            return [first] if lane.in_flight == 0 and not first.in_flight and first.retry_at <= now else []
+        return [b for b in lane.batches if not b.in_flight]      # (all waiting batches follow those in flight)
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        by_node: dict[str, list[_Batch]] = {}
+        for lane in self._lanes.values():
+            for b in self._sendable(lane, now):
+                if now > b.deadline:
+                    self._fail_lane(lane, b, _timed_out(b, self.timeout))
+                    break
+                by_node.setdefault(self._client._routes.target(lane.group), []).append(b)
+        for address, batches in by_node.items():
+            while batches and self._node_in_flight[address] < self.max_in_flight:
+                take, size = [], 0
+                while batches and (not take or size + batches[0].request.ByteSize() <= MAX_REQUEST_BYTES):
+                    b = batches.pop(0)
+                    take.append(b)
+                    size += b.request.ByteSize()
+                self._send(address, take)
+
+    def _send(self, address: str, batches: list[_Batch]) -> None:
+        for b in batches:
+            b.in_flight = True
+            b.lane.in_flight += 1
+        self._node_in_flight[address] += 1
+        self.peak_in_flight = max(self.peak_in_flight, self._node_in_flight[address])
+        request = rmq_pb2.ProduceBatchesRequest(batches=[b.request for b in batches])
+        left = max(0.05, min(self._client.attempt_timeout, min(b.deadline for b in batches) - time.monotonic()))
+        client = self._client
+        try:
+            if client.produce_port:
+                call = client._transport(address).future(request, left, ordered=True)
+            else:
+                call = client._stub(address).ProduceBatches.future(request, timeout=left,
+                                                                   metadata=client._metadata)
+        except Exception as e:             # never leave a batch unanswered
+            self._finished(batches, address, e)
+            return
+        call.add_done_callback(lambda f: self._finished(batches, address, f))
+
+    def _finished(self, batches: list[_Batch], address: str, outcome) -> None:
+        """A request's answer (any thread): handed to the producer's thread."""
+        with self._cond:
+            self._done.append((batches, address, outcome))
+            self._cond.notify()
+
+    def _complete(self, batches: list[_Batch], address: str, outcome) -> None:
+        self._node_in_flight[address] -= 1
+        for b, res in zip(batches, _outcomes(outcome, address, len(batches))):
+            lane = b.lane
+            b.in_flight = False
+            lane.in_flight -= 1
+            if b.future.done():                # failed with an earlier batch of its lane
+                lane.batches.remove(b)
+                continue
+            if not isinstance(res, RmqError):
+                lane.batches.remove(b)
+                lane.known = True
+                if lane.serial and lane.in_flight == 0:
+                    lane.serial = False
+                self._resolve(b, res)
+                continue
+            self._client._routes.learn(lane.group, res, address)
+            if not res.retriable or time.monotonic() > b.deadline:
+                self._fail_lane(lane, b, res)
+                continue
+            b.attempts += 1
+            lane.serial = True                 # from here one at a time, in order, until one is stored
+            hinted = isinstance(res, NotLeader) and res.leader
+            delay = 0.0 if hinted or isinstance(res, OutOfOrderSequence) else \
+                min(MAX_DELAY, FIRST_DELAY * 2 ** min(b.attempts, 8)) * (0.5 + random.random())
+            b.retry_at = time.monotonic() + max(delay, 0 if hinted else getattr(res, "retry_after_ms", 0) / 1000)
+
+    def _fail_lane(self, lane: _Lane, first: _Batch, error: BaseException) -> None:
+        """``first`` failed for good: it and every later batch of the lane fail, and the
+        lane starts over under a new producer id (its first batch goes alone)."""
+        batches = list(lane.batches)
+        doomed = batches[batches.index(first):] if first in batches else [first]
+        for b in doomed:
+            if not b.future.done():
+                self._resolve(b, error if b is first else RmqError(
+                    f"{lane.topic}/{lane.queue}: not stored: an earlier batch (sequence "
+                    f"{first.request.sequence}) failed: {error}"))
+        # batches in flight stay until their answers come (and are then passed over)
+        lane.batches = collections.deque(b for b in lane.batches if b not in doomed or b.in_flight)
+        lane.producer_id, lane.next_sequence, lane.known, lane.serial = self._lane_id(), 0, False, False
+
+    def _resolve(self, b: _Batch, result) -> None:
+        if isinstance(result, BaseException):
+            b.future.set_exception(result)
+        else:
+            b.future.set_result(result)
+        with self._cond:
+            self._unfinished -= 1
+            if not self._unfinished:
+                self._cond.notify_all()
+
+
+def _timed_out(b: _Batch, timeout: float) -> RmqError:
+    from .errors import DeadlineExceeded
+    return DeadlineExceeded(f"{b.lane.topic}/{b.lane.queue}: batch at sequence {b.request.sequence} not "
+                            f"stored within {timeout} s", grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def _outcomes(call, address: str, n: int) -> list:
+    if isinstance(call, BaseException):
+        err = call if isinstance(call, RmqError) else from_status(grpc.StatusCode.UNAVAILABLE, str(call), None,
+                                                                  address)
+        return [err] * n
+    try:
+        outcomes = call.result()
+    except grpc.RpcError as e:
+        return [from_rpc_error(e, address)] * n
+    except Exception as e:
+        return [from_status(grpc.StatusCode.UNAVAILABLE, f"ProduceBatches failed: {e!r}", None, address)] * n
+    if len(outcomes.outcomes) != n:
+        return [from_status(grpc.StatusCode.UNAVAILABLE,
+                            f"ProduceBatches answered {len(outcomes.outcomes)} outcomes for {n} batches",
+                            None, address)] * n
+    return [from_status(o.code, o.message, o.leader, address, str(o.retry_after_ms or "") or None)
+            if o.code else ProduceResult(o.result.queue, o.result.base_offset, o.result.count,
+                                         o.result.store_timestamp, o.result.duplicate)
+            for o in outcomes.outcomes]

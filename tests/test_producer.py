@@ -1,0 +1,161 @@
+"""Pipelined producers (``Client.producer``): several requests in flight per node, each
+queue's batches stored once and in order: across refusals, a leader killed mid-stream and
+a batch that fails for good; in-order sequence checks and the commit backlog on the node."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import grpc
+import pytest
+
+from rmq_spark.client import Client, Message, ResourceExhausted, RmqError
+from storage_service.proto import rmq_pb2, rmq_pb2_grpc
+from storage_service.protocol.records import encode
+
+from .conftest import start_cluster, wait_until
+from .test_produce_wire import _leader_of
+from .test_recovery import read_all
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pcluster(tmp_path_factory):
+    # a small backlog limit: one ProduceBatches request of many batches meets it
+    c = start_cluster(tmp_path_factory.mktemp("producer"), groups=4,
+                      extra_args=["--max-commit-backlog", str(256 << 10)])
+    yield c
+    c.stop()
+
+
+def _values(q: int, first: int, n: int, per: int) -> list[list[bytes]]:
+    return [[f"{q}:{b}:{i}".encode() for i in range(per)] for b in range(first, first + n)]
+
+
+def _expected(q: int, n: int, per: int) -> list[bytes]:
+    return [v for batch in _values(q, 0, n, per) for v in batch]
+
+
+def test_pipelined_batches_are_stored_once_and_in_order(pcluster):
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("piped", queues=8)
+        with c.producer(max_in_flight=5) as p:
+            futures = [(q, b, p.send("piped", q, vals)) for b in range(40) for q in range(8)
+                       for vals in [_values(q, b, 1, 20)[0]]]
+            p.flush()
+            peak = p.peak_in_flight
+        for q in range(8):
+            offsets = [f.result().base_offset for qq, b, f in futures if qq == q]
+            assert offsets == [20 * b for b in range(40)], q       # in the order sent, once each
+            assert read_all(c, "piped", q) == _expected(q, 40, 20)
+        assert peak > 1, "no node ever had two requests of the producer in flight"
+
+
+def _stub(cluster, i: int):
+    return rmq_pb2_grpc.MessageLogStub(grpc.insecure_channel(cluster.addresses[i]))
+
+
+def _batch(topic, q, seq, n, pid="p-in-order", in_order=True):
+    block = encode([f"{seq + i}".encode() for i in range(n)])
+    return rmq_pb2.ProduceRequest(topic=topic, queue=q, records=block, count=n, producer_id=pid,
+                                  sequence=seq, in_order=in_order)
+
+
+def test_an_in_order_batch_past_the_next_sequence_is_refused_and_changes_nothing(pcluster):
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("order", queues=1)
+        stub = _stub(pcluster, _leader_of(c, "order", 0))
+
+        def send(*batch_args, **kw):
+            return stub.ProduceBatches(rmq_pb2.ProduceBatchesRequest(batches=[_batch("order", 0, *batch_args, **kw)]),
+                                       timeout=10).outcomes[0]
+        assert send(500, 10, pid="new").code == 0            # an unknown producer starts anywhere
+        assert send(0, 10).code == 0
+        gap = send(20, 10)
+        assert gap.code == grpc.StatusCode.ABORTED.value[0]
+        assert "out of order" in gap.message and "sequence 10 comes next" in gap.message, gap.message
+        assert send(20, 10, in_order=False).code == 0 and send(30, 5, pid="other", in_order=False).code == 0
+        assert send(20, 10).result.duplicate                  # stored by the not-in-order send
+        assert send(40, 5).code == grpc.StatusCode.ABORTED.value[0]      # 30 comes next
+        again = send(0, 10)
+        assert again.code == 0 and again.result.duplicate and again.result.base_offset == 10
+        # nothing the refusals carried was stored
+        assert [int(v) for v in read_all(c, "order", 0)] == \
+            list(range(500, 510)) + list(range(0, 10)) + list(range(20, 30)) + list(range(30, 35))
+
+
+def test_a_full_commit_backlog_refuses_with_resource_exhausted_naming_the_limit(pcluster):
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("backlog", queues=1)
+        stub = _stub(pcluster, _leader_of(c, "backlog", 0))
+        value = b"v" * 1024
+        batches = [rmq_pb2.ProduceRequest(topic="backlog", queue=0, records=encode([value] * 64),
+                                          count=64) for _ in range(200)]      # 64 KiB each, 12.5 MiB in all
+        outs = stub.ProduceBatches(rmq_pb2.ProduceBatchesRequest(batches=batches), timeout=60).outcomes
+        refused = [o for o in outs if o.code]
+        assert refused, "200 batches of 64 KiB to one group never met a 256 KiB backlog"
+        for o in refused:
+            assert o.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], o.message
+            assert "--max-commit-backlog" in o.message and "the limit is 256 KiB per group" in o.message, o.message
+            assert o.retry_after_ms > 0
+        stored = sum(1 for o in outs if not o.code)
+        assert len(read_all(c, "backlog", 0)) == 64 * stored     # the refused ones changed nothing
+        # the client's producer backs off and retries: every batch lands, in order
+        with c.producer() as p:
+            futures = [p.send("backlog", 0, [Message(f"{i}".encode() + value)] * 64) for i in range(100)]
+            p.flush()
+        assert [f.result().base_offset for f in futures] == [64 * (stored + i) for i in range(100)]
+
+
+def test_a_batch_that_fails_for_good_fails_the_later_ones_and_the_queue_goes_on(pcluster):
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("fails", queues=1)
+        with c.producer() as p:
+            first = p.send("fails", 0, [Message(b"a")])
+            first.result(timeout=30)                           # the queue knows the producer now
+            bad = p.send("fails", 0, [Message(b"x" * (5 << 20))])     # over the 4 MiB message limit
+            later = p.send("fails", 0, [Message(b"b")])
+            p.flush()
+            with pytest.raises(ResourceExhausted, match="the limit is 4194304 bytes"):
+                bad.result()
+            try:
+                later.result()            # sent with it (stored) or failed with it: never out of order
+            except RmqError as e:
+                assert "an earlier batch" in str(e)
+            after = p.send("fails", 0, [Message(b"c")])
+            assert after.result(timeout=30).count == 1
+        values = read_all(c, "fails", 0)
+        assert values in ([b"a", b"c"], [b"a", b"b", b"c"]), values
+
+
+def test_a_leader_killed_mid_stream_loses_and_duplicates_nothing(pcluster):
+    with Client(pcluster.endpoints, timeout=60) as c:
+        c.create_topic("kill", queues=4)
+        victim = _leader_of(c, "kill", 0)
+        stop, futures = threading.Event(), []
+        with c.producer(timeout=60) as p:
+            def produce():
+                b = 0
+                while not stop.is_set() or b < 30:
+                    for q in range(4):
+                        futures.append((q, p.send("kill", q, _values(q, b, 1, 10)[0])))
+                    b += 1
+                    if len(futures) > 400:
+                        futures[-400][1].result()
+                return b
+            result = {}
+            t = threading.Thread(target=lambda: result.setdefault("n", produce()))
+            t.start()
+            wait_until(lambda: len(futures) >= 80, what="batches under way")
+            pcluster.kill(victim, signal.SIGKILL)
+            wait_until(lambda: len(futures) >= 400, timeout=60, what="batches after the kill")
+            pcluster.start_node(victim)
+            pcluster.wait_ready(90)
+            stop.set()
+            t.join(timeout=120)
+            p.flush()
+        n = result["n"]
+        for q in range(4):
+            assert [f.result().base_offset for qq, f in futures if qq == q] == [10 * b for b in range(n)]
+            assert read_all(c, "kill", q) == _expected(q, n, 10), q
