@@ -11,7 +11,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 
 JARS   := jars/.resolved
 
-.PHONY: demo test test-unit chaos partition jepsen bench jars clean
+.PHONY: demo test test-unit chaos partition jepsen bench jars clean device-wheels
 
 # rmq_spark._bytecode: Spark's Python workers import pyspark from its zip, which
 # zipimport never byte-compiles (~1 s more for every streaming query's start).
@@ -84,3 +84,16 @@ bench: $(STAMP) $(JARS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info storage_service/proto/*_pb2*.py jars/*.jar $(JARS)
+
+# cp312 wheels of what bench/scale.py needs, for a lent many-core host without network
+# (bench/device/run.sh), at the versions of this tree's .venv
+device-wheels: $(STAMP)
+	rm -rf bench/device/wheels && mkdir -p bench/device/wheels
+	$(PIP) freeze | grep -iE "^($$(grep -v '^#' bench/device/requirements.txt | paste -sd'|'))==" > bench/device/wheels/pins.txt
+	# pysyncobj is published as a source archive only: a pure-Python wheel built here
+	$(PIP) wheel -q --no-deps -w bench/device/wheels $$(grep -i '^pysyncobj==' bench/device/wheels/pins.txt)
+	grep -vi '^pysyncobj==' bench/device/wheels/pins.txt > bench/device/wheels/binary.txt
+	$(PIP) download -q --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64 \
+		-d bench/device/wheels -r bench/device/wheels/binary.txt
+	du -sh bench/device/wheels

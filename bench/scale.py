@@ -36,6 +36,7 @@ leaders and CPU seconds, least and most). And the placement simulation
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -178,7 +179,7 @@ def producer(spec: dict) -> dict:
     shared with the parent). ``rate`` (msgs/s, 0: as fast as acks come) paces the calls."""
     import random
     rng = random.Random(spec["seed"])
-    msgs = [Message(b"x" * 1024)] * PER_QUEUE_MSGS
+    msgs = [b"x" * 1024] * PER_QUEUE_MSGS      # plain values: no Message object per message
     per_call = PER_CALL_QUEUES * PER_QUEUE_MSGS
     acked, lat, gap = 0, [], per_call / spec["rate"] if spec["rate"] else 0.0
     with Client(spec["endpoints"], timeout=60) as c:
@@ -300,6 +301,57 @@ def nodes_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def one_thread(cluster: LocalCluster, seconds: float, in_flight: int) -> float:
+    """msgs/s of one thread sending 8 queues x 100 x 1 KiB: ``produce_batches`` calls
+    (``in_flight`` 0) or a ``Client.producer(in_flight)`` kept at most 8 calls ahead."""
+    msgs = [b"x" * 1024] * PER_QUEUE_MSGS      # plain values: no Message object per message
+    with Client(cluster.endpoints, timeout=60) as c:
+        c.produce_batches([("spread", q, msgs) for q in range(PER_CALL_QUEUES)])    # connections up
+        n, t = 0, time.perf_counter()
+        if not in_flight:
+            while time.perf_counter() - t < seconds:
+                c.produce_batches([("spread", q, msgs) for q in range(PER_CALL_QUEUES)])
+                n += PER_CALL_QUEUES * PER_QUEUE_MSGS
+            return n / (time.perf_counter() - t)
+        with c.producer(max_in_flight=in_flight) as p:
+            ahead: collections.deque = collections.deque()
+            while time.perf_counter() - t < seconds:
+                ahead.extend(p.send("spread", q, msgs) for q in range(PER_CALL_QUEUES))
+                n += PER_CALL_QUEUES * PER_QUEUE_MSGS
+                while len(ahead) > 8 * PER_CALL_QUEUES:
+                    ahead.popleft().result()
+            p.flush()
+        return n / (time.perf_counter() - t)
+
+
+def pipeline_part(a: argparse.Namespace, where: str, say) -> list[dict]:
+    """Issue 39.4: one producer thread, today's calls against the pipelined producer,
+    alternating on one 3-node cluster (``--rounds``); medians."""
+    data = tempfile.mkdtemp(prefix="scale-pipe-", dir=where)
+    cluster = LocalCluster(nodes=3, groups=6, data_dir=data, fsync=a.fsync).start(timeout=180)
+    try:
+        with Client(cluster.endpoints) as c:
+            c.create_topic("spread", queues=24)
+            _even_leaders(c, 3, say)
+        runs: dict[int, list[float]] = {0: [], 5: []}
+        for r in range(a.rounds):
+            for k in runs:
+                runs[k].append(one_thread(cluster, a.seconds, k))
+                say(f"  round {r + 1}: {'produce_batches' if not k else f'producer, {k} in flight'}: "
+                    f"{runs[k][-1]:,.0f} msgs/s")
+    finally:
+        cluster.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    med = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+    print(f"\none thread, 8 queues x 100 x 1 KiB per step, 3 nodes, --fsync {a.fsync}, "
+          f"median of {a.rounds} alternating runs of {a.seconds:.0f} s")
+    print("| producer | msgs/s (median) | runs | x produce_batches |\n|---|---|---|---|")
+    for k, v in runs.items():
+        name = "`produce_batches` (one call at a time)" if not k else f"`Client.producer(max_in_flight={k})`"
+        print(f"| {name} | {med[k]:,.0f} | {', '.join(f'{x:,.0f}' for x in v)} | {med[k] / med[0]:.2f} |")
+    return [{"in_flight": k, "msgs_per_s": v} for k, v in runs.items()]
+
+
 def queues_part(counts: list[int], where: str, say) -> list[dict]:
     rows = [one(n, where, say) for n in counts]
     head = ["queues", "create s", "produce s", "read ms/q", "RSS MB", "RSS KB/q", "open files",
@@ -314,8 +366,9 @@ def queues_part(counts: list[int], where: str, say) -> list[dict]:
     big = rows[-1]
     print(f"\n1,000,000 queues at the {big['queues']:,}-queue rates, per node: RSS ~"
           f"{big['rss_kb_per_queue'] * 1e6 / (1 << 20):.1f} GB more, metadata snapshot ~"
-          f"{big['meta_snapshot_kb'] * 1e6 / big['queues'] / 1024:.0f} MB, restart ~"
-          f"{big['restart_s'] * 1e6 / big['queues']:.0f} s (if it grows linearly)")
+          f"{big['meta_snapshot_kb'] * 1e6 / big['queues'] / 1024:.0f} MB; restart "
+          + " -> ".join(f"{r['restart_s']:.1f} s" for r in rows) + " over the rows (queues open "
+          "lazily after a restart: it grows with the queues used, not those held)")
     return rows
 
 
@@ -323,7 +376,7 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     """Each node count at full speed, then each at one offered load (half the first row's rate
     unless ``--offered``), then the producer sweep on the first node count."""
     rows = [nodes_run(n, a.producers, a.seconds, where, say, fsync=a.fsync) for n in a.nodes]
-    offered = a.offered or round(rows[0]["msgs_per_s"] / 2, -3)
+    offered = a.offered if a.offered is not None else round(rows[0]["msgs_per_s"] / 2, -3)
     if offered:
         rows += [nodes_run(n, a.producers, a.seconds, where, say, rate=offered, fsync=a.fsync) for n in a.nodes]
     sweep = [p for p in a.sweep if p != a.producers]
@@ -346,8 +399,9 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--only", choices=["queues", "nodes", "placement"], action="append",
-                   help="parts to run (repeatable; default all three)")
+    p.add_argument("--only", choices=["queues", "nodes", "pipeline", "placement"], action="append",
+                   help="parts to run (repeatable; default all)")
+    p.add_argument("--rounds", type=int, default=3, help="alternating runs of the pipeline part (3)")
     p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
     p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
@@ -366,7 +420,7 @@ def main(argv=None) -> int:
         return 0
     a.nodes = a.nodes or [3, 6, 9]
     a.sweep = [s for s in (a.sweep or [12, 24, 48]) if s]
-    parts = a.only or ["queues", "nodes", "placement"]
+    parts = a.only or ["queues", "nodes", "pipeline", "placement"]
     where = a.dir or tempfile.gettempdir()
     say = lambda line: print(line, flush=True)      # noqa: E731
     out: dict = {}
@@ -374,6 +428,8 @@ def main(argv=None) -> int:
         out["queues"] = queues_part(a.queues or [1000, 10000], where, say)
     if "nodes" in parts:
         out["nodes"] = nodes_part(a, where, say)
+    if "pipeline" in parts:
+        out["pipeline"] = pipeline_part(a, where, say)
     if "placement" in parts:
         from bench import placement_sim
         print("\nplacement simulation: 90 nodes + 10 joining, 10,000 groups of 3 replicas")

@@ -17,6 +17,8 @@ import pytest
 from rmq_spark.client import Client
 from storage_service.local import LocalCluster
 
+from .conftest import wait_until
+
 pytestmark = pytest.mark.integration
 
 FD_LIMIT = 512
@@ -112,5 +114,36 @@ def test_twenty_thousand_queues_on_five_nodes_within_the_file_budget(tmp_path):
             for name, q in sample[::5]:
                 assert [r.value for r in client.fetch(name, q, 0).records] == [f"{name}/{q}".encode()]
         assert all(p.poll() is None for p in cluster.procs), "a node stopped"
+    finally:
+        cluster.stop()
+
+
+def test_a_restarted_node_serves_first_and_opens_its_queues_behind(tmp_path):
+    """Queues found on disk at start open when used or in the background, not before the
+    node serves (statemachine/queue_logs.py): after a restart every queue reads back, Health
+    counts them open, and most were opened by the background pass."""
+    queues = 2000
+    cluster = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path),
+                           extra_args=["--compaction-entries", "5"])      # restarts load a snapshot
+    cluster.start(timeout=90)
+    try:
+        with Client(cluster.endpoints, timeout=60) as client:
+            client.create_topic("lazy", queues=queues)
+            for i in range(0, queues, 100):
+                client.produce_batches([("lazy", q, [f"m{q}".encode()]) for q in range(i, i + 100)])
+        cluster.stop()
+        cluster.start(timeout=90)
+        health = [cluster.health(i) for i in range(3)]
+        assert all(h.queues_total == queues for h in health), health     # every node holds a replica of each
+        wait_until(lambda: all(cluster.health(i).queues_open == queues for i in range(3)), timeout=120,
+                   what="every queue opened")
+        with Client(cluster.endpoints, timeout=60) as client:
+            for q in range(0, queues, 7):
+                assert [r.value for r in client.fetch("lazy", q, 0).records] == [f"m{q}".encode()]
+        for i in range(3):
+            with open(os.path.join(cluster.log_dir, f"node-{i}.log")) as f:
+                done = [line for line in f if "opening queues" in line and "done" in line]
+            behind = int(done[-1].split("(")[1].split()[0])
+            assert behind >= queues // 2, done[-1]
     finally:
         cluster.stop()

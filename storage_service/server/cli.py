@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..log.dirlock import DirectoryInUse
 from ..raft.journal import FSYNC_POLICIES
@@ -302,7 +303,11 @@ def run_local(args) -> int:
             print(f"tls-client-cert: {cluster.tls.cert} (key {cluster.tls.key})", flush=True)
         print(f"http: {','.join(cluster.http_urls)}  (status page, /metrics, /v1 JSON API)", flush=True)
         print(f"logs and data: {cluster.data_dir}  (Ctrl-C stops all nodes)", flush=True)
+        opening, said = True, 0.0
         while not stop.wait(0.5):
+            if opening and time.monotonic() - said >= 2:     # queues opened in the background
+                said = time.monotonic()
+                opening = _say_opening(cluster)
             for i, p in enumerate(cluster.procs):
                 if p is not None and p.poll() is not None:
                     print(f"node {i} exited with {p.returncode}", flush=True)
@@ -310,6 +315,19 @@ def run_local(args) -> int:
     finally:
         cluster.stop()
     return 0
+
+
+def _say_opening(cluster) -> bool:
+    """Print "opening queues N/M" while the nodes open their queues; False once all are open."""
+    open_, total = 0, 0
+    for i in range(cluster.nodes):
+        h = cluster.health(i) if cluster.procs[i] is not None else None
+        if h is not None:
+            open_, total = open_ + h.queues_open, total + h.queues_total
+    if open_ < total:
+        print(f"opening queues {open_:,}/{total:,} (the nodes serve meanwhile)", flush=True)
+        return True
+    return False
 
 
 def main(argv=None) -> int:

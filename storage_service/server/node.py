@@ -174,6 +174,22 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
                                             name="controller", daemon=True)
         self._controller.start()
         self._start_repair()
+        threading.Thread(target=self._open_queues_behind, name="open-queues", daemon=True).start()
+
+    def _open_queues_behind(self, step: int = 500) -> None:
+        """Open the queues found on disk at start that nothing has used yet, a few
+        hundred at a time, while the node serves (``statemachine/queue_logs.py``)."""
+        total = sum(st.queues.total() for st in list(self.states.values()))
+        left, said = None, time.monotonic()
+        while not self._stopping.is_set() and left != 0:
+            left = sum(st.queues.open_some(step) for st in list(self.states.values()))
+            if left and time.monotonic() - said > 5:
+                log.info("opening queues %d/%d", total - left, total)
+                said = time.monotonic()
+            self._stopping.wait(0.005)      # serving comes first
+        if total:
+            log.info("opening queues %d/%d: done (%d opened in the background)", total, total,
+                     sum(st.queues.opened_behind for st in list(self.states.values())))
 
     def _join_cluster(self, seeds) -> tuple[list[str], int]:
         """Ask the running cluster (through ``seeds``) to take this node in; the
@@ -212,6 +228,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         st = DataState(os.path.join(c.data_dir, f"group-{g}", "queues"), fsync=c.fsync == "always",
                        segment_bytes=c.segment_bytes, files=self.files)
         st.fetch_range = self.fetch_from_peers
+        st.queues.on_open = self.check_opened
         raft = self._raft(g, st, members, members_index)
         # Copies, not updates: other threads iterate these maps while a replica is added.
         self.committers = {**self.committers,
@@ -495,10 +512,11 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
                                 parked_fetches=sum(st.parked_count() for st in list(self.states.values())),
                                 http=self.http_address, rack=self.config.rack)
         for g, raft in sorted(self.groups.items()):
-            queues = list(self.states[g].queues.values()) if g in self.states else []
+            logs = self.states[g].queues if g in self.states else {}
+            queues = list(logs.values())        # (the open ones: bytes of those not opened yet are not counted)
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
                           applied_index=raft.raftLastApplied, term=raft.raftCurrentTerm,
-                          raft_log_entries=len(raft.journal), queues=len(queues),
+                          raft_log_entries=len(raft.journal), queues=logs.total() if logs else 0,
                           bytes=sum(q.size_bytes for q in queues),
                           replicas=[grpc_address(m) for m in raft.members])
         return st

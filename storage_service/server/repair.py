@@ -61,6 +61,12 @@ class Repair:
                 if ql.damaged():
                     self.queue_repair(name)
 
+    def check_opened(self, qname: str, ql: QueueLog) -> None:
+        """A queue opened after start (``QueueLogs``): repaired if its files are damaged
+        (those open at start are checked by ``_init_repair``)."""
+        if hasattr(self, "_to_repair") and ql.damaged():
+            self.queue_repair(qname)
+
     def queue_repair(self, qname: str) -> None:
         with self._repair_lock:
             if qname in self._queued:

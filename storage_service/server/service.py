@@ -421,8 +421,11 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
         with_leader = sum(1 for g in self.node.groups if self.node.leader_of(g))
         removed = self.node.meta.node_state(self.node.config.address) == "removed"
         placed = bool(self.node.meta.replicas)          # the cluster's placement, applied here
+        total = sum(st.queues.total() for st in list(self.node.states.values()))
+        closed = sum(len(st.queues.closed_names()) for st in list(self.node.states.values()))
         return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups) and placed and not removed,
-                                      groups_with_leader=with_leader, groups_total=len(self.node.groups))
+                                      groups_with_leader=with_leader, groups_total=len(self.node.groups),
+                                      queues_open=total - closed, queues_total=total)
 
     @_guard
     def ReplicaFetch(self, request, context):

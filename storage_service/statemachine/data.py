@@ -27,6 +27,7 @@ from typing import Callable
 from ..log.durability import fatal
 from ..log.handles import OpenFiles
 from ..log.queue_log import QueueLog
+from .queue_logs import QueueLogs
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
 
@@ -74,17 +75,19 @@ class DataState:
         self.root = root
         self.fsync = fsync
         self.segment_bytes = segment_bytes
-        self.queues: dict[str, QueueLog] = {}
+        os.makedirs(root, exist_ok=True)
+        on_disk = [n for n in os.listdir(root) if "~" in n and os.path.isdir(os.path.join(root, n))]
+        self.queues = QueueLogs(self._open, on_disk)     # opened when first used
+        # (earliest, next offset) of queues not opened since start, as the snapshot loaded at
+        # start recorded them: what a snapshot taken now says of them (``manifest``)
+        self._as_loaded: dict[str, list] = {}
+        self._trust_disk = bool(on_disk)          # until the first snapshot install (``restore``)
         # qdir -> producer_id -> deque[(seq, base_offset, count, store_ts)]
         self.producers: dict[str, collections.OrderedDict] = {}
         self.lock = threading.Lock()
         self.parked: dict[str, list] = {}    # qdir -> [(offset, wake)]: fetches waiting for data
         self._park_lock = threading.Lock()   # not self.lock: a queue's creation syncs directories under it
         self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
-        os.makedirs(root, exist_ok=True)
-        for name in sorted(os.listdir(root)):
-            if "~" in name and os.path.isdir(os.path.join(root, name)):
-                self.queues[name] = self._open(name)
 
     def _open(self, name: str) -> QueueLog:
         return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files)
@@ -268,8 +271,15 @@ class DataState:
     # --------------------------------------------------------------- snapshot
     def manifest(self) -> dict:
         self.sync()   # the snapshot never claims data that is not on disk
+        queues = {}
+        for n in self.queues.closed_names():      # unchanged since the snapshot loaded at start
+            if n in self._as_loaded:
+                queues[n] = self._as_loaded[n]
+            else:
+                q = self.queues.get(n)
+                queues[n] = [q.earliest, q.next_offset]
         return {
-            "queues": {n: [q.earliest, q.next_offset] for n, q in self.queues.items()},
+            "queues": queues | {n: [q.earliest, q.next_offset] for n, q in list(self.queues.items())},
             "producers": {n: {p: list(map(list, b)) for p, b in t.items()}
                           for n, t in self.producers.items()},
         }
@@ -280,15 +290,26 @@ class DataState:
     def restore(self, data: bytes, index: int, leader: str | None) -> None:
         """Install a snapshot; CatchUpFailed if no peer could serve the batches it lacks
         (what was fetched stays: a later install goes on from there)."""
-        self.install(json.loads(data), self.fetch_range, index)
+        trust = self._trust_disk and leader is None
+        self._trust_disk = False
+        self.install(json.loads(data), self.fetch_range, index, trust_disk=trust)
 
-    def install(self, manifest: dict, fetch_range: FetchRange | None, index: int) -> None:
+    def install(self, manifest: dict, fetch_range: FetchRange | None, index: int,
+                trust_disk: bool = False) -> None:
         """Make local queues match the manifest of a snapshot taken at raft ``index``.
 
         Queues behind the manifest fetch the missing batches from a peer;
         queues written after the snapshot (raft index > ``index``) are kept.
+        ``trust_disk``: the node's own snapshot, loaded at start: its queues were
+        synced before it was written, so a queue not opened yet is left closed
+        (``QueueLogs``) and its manifest entry kept for the next snapshot.
         """
+        closed = self.queues.closed_names() if trust_disk else set()
+        self._as_loaded = {}
         for name, (earliest, nxt) in manifest["queues"].items():
+            if name in closed:
+                self._as_loaded[name] = [earliest, nxt]
+                continue
             q = self.queue(name, create=True)
             if q.next_offset < earliest or q.earliest > nxt:
                 q.reset(earliest)
@@ -305,7 +326,9 @@ class DataState:
                 q.sync()
             if earliest > q.earliest:
                 q.truncate_prefix(earliest)
-        for name in list(self.queues):
+        # (a closed queue the manifest does not name: dropped before the snapshot, its
+        # directory left by a crash; opened here to be judged like the rest)
+        for name in set(self.queues) | (closed - manifest["queues"].keys()):
             if name not in manifest["queues"] and self.queues[name].last_position < apply_position(index + 1, 0):
                 self._drop(name)
         self.producers = {

@@ -1,10 +1,11 @@
-"""rmq produce's pipeline (rmq_spark.cli._produce) against a recording client: order per
-queue, one batch per queue in flight, linger, flush on close, the first error stops it."""
+"""rmq produce's pipeline (rmq_spark.cli._produce) against a recording producer: order per
+queue, linger, flush on close, the first error stops it."""
 from __future__ import annotations
 
 import io
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 
@@ -15,44 +16,57 @@ pytestmark = pytest.mark.unit
 
 
 class Recorder:
-    """Stands in for Client.produce_batches: records batches, checks none overlaps its queue."""
+    """Stands in for the Client: its ``producer()`` records each batch in the order sent and
+    acknowledges it after ``delay`` (the real producer's order and once-only guarantees
+    against nodes are tests/test_producer.py's)."""
 
     def __init__(self, delay: float = 0.0, fail_after: int | None = None):
         self.delay, self.fail_after = delay, fail_after
         self.lock = threading.Lock()
-        self.in_flight: set[int] = set()
         self.sent: dict[int, list] = {}
         self.calls = 0
-        self.overlap = False
+        self.timers: list[threading.Timer] = []
+        self.closed = False
 
     def describe_topic(self, topic):
         return {"queues": self.queues}
 
     queues = 1
 
-    def produce_batches(self, batches):
+    def producer(self):
+        return self
+
+    def send(self, topic, q, msgs) -> Future:
+        fut: Future = Future()
         with self.lock:
             self.calls += 1
             if self.fail_after is not None and self.calls > self.fail_after:
-                raise RuntimeError("node said no")
-            queues = [q for _, q, _ in batches]
-            self.overlap |= bool(self.in_flight & set(queues)) or len(set(queues)) != len(queues)
-            self.in_flight |= set(queues)
-        time.sleep(self.delay)
-        with self.lock:
-            for _, q, msgs in batches:
-                self.sent.setdefault(q, []).extend(msgs)
-            self.in_flight -= set(queues)
+                fut.set_exception(RuntimeError("node said no"))
+                return fut
+            self.sent.setdefault(q, []).extend(msgs)
+        if self.delay:
+            timer = threading.Timer(self.delay, fut.set_result, (None,))
+            self.timers.append(timer)
+            timer.start()
+        else:
+            fut.set_result(None)
+        return fut
+
+    def close(self):
+        """The producer's close: flush (every batch answered, callbacks run), then stop."""
+        for t in self.timers:
+            t.join()
+        self.closed = True
 
 
-def test_every_line_once_in_order_per_queue_and_never_two_batches_of_a_queue_in_flight():
+def test_every_line_once_and_in_order_per_queue():
     rec = Recorder(delay=0.002)
     pipe = Pipeline(rec, "t", queues=4, batch=7, linger=0.005, senders=2)
     lines = [str(i).encode() for i in range(3000)]
     for i in range(0, len(lines), 100):
         pipe.add(lines[i:i + 100])
     assert pipe.close(timeout=30)
-    assert not rec.overlap and pipe.acked == 3000
+    assert pipe.acked == 3000 and rec.closed
     got = [int(m) for q in sorted(rec.sent) for m in rec.sent[q]]
     assert sorted(got) == list(range(3000))
     assert all(rec.sent[q] == sorted(rec.sent[q], key=int) for q in rec.sent) and len(rec.sent) == 4

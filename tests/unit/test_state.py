@@ -8,7 +8,7 @@ import pytest
 
 from storage_service.protocol.framing import iter_batches
 from storage_service.statemachine.meta import TOPIC_DEFAULTS, MetaState
-from storage_service.statemachine.data import apply_position, DataState, parse_queue_dir, queue_dir
+from storage_service.statemachine.data import CatchUpFailed, apply_position, DataState, parse_queue_dir, queue_dir
 
 from ._helpers import encode_values, iter_values
 
@@ -131,8 +131,40 @@ def test_reopen_finds_existing_queues(tmp_path):
     s.apply(1, _produce(Q, "", 0, 5, _msgs("a", 4)))
     s.close()
     s2 = DataState(str(tmp_path), fsync=False)
-    assert list(s2.queues) == [Q]
+    assert Q in s2.queues and s2.queues.total() == 1
+    assert list(s2.queues) == []                  # known, not opened until used
     assert s2.queue(Q).next_offset == 4
+    assert list(s2.queues) == [Q]
+
+
+def test_a_restart_opens_no_queue_until_used_and_its_snapshot_still_names_them_all(tmp_path):
+    s = DataState(str(tmp_path), fsync=False)
+    names = [Q.replace("~0", f"~{i}") for i in range(5)]
+    for i, name in enumerate(names):
+        s.apply(i + 1, _produce(name, "", 0, 5, _msgs(f"q{i}", i + 1)))
+    snap = s.snapshot()
+    s.close()
+    s2 = DataState(str(tmp_path), fsync=False)
+    s2.restore(snap, 5, None)                     # the node's own snapshot, loaded at start
+    assert list(s2.queues) == [] and s2.queues.total() == 5
+    assert json.loads(s2.snapshot()) == json.loads(snap)        # taken with every queue still closed
+    assert s2.queue(names[3]).next_offset == 4 and list(s2.queues) == [names[3]]
+    assert s2.queues.open_some(2) == 2 and len(list(s2.queues)) == 3
+    assert json.loads(s2.snapshot()) == json.loads(snap)
+
+
+def test_a_snapshot_from_a_leader_checks_every_queue(tmp_path):
+    s = DataState(str(tmp_path / "a"), fsync=False)
+    s.apply(1, _produce(Q, "", 0, 5, _msgs("a", 4)))
+    snap = json.loads(s.snapshot())
+    snap["queues"][Q][1] = 6                       # the leader holds two more than this replica
+    s.close()
+    s2 = DataState(str(tmp_path / "a"), fsync=False)
+    fetched = []
+    s2.fetch_range = lambda name, start, end: fetched.append((name, start, end)) or []
+    with pytest.raises(CatchUpFailed):
+        s2.restore(json.dumps(snap).encode(), 9, "127.0.0.1:1")
+    assert fetched == [(Q, 4, 6)]
 
 
 def test_replay_of_applied_raft_index_after_reopen_adds_no_data(tmp_path):
