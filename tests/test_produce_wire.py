@@ -270,6 +270,7 @@ def test_frame_header_layout():
     """u32 length | u32 request id | u32 code, little-endian (the docstring's layout)."""
     assert FRAME.pack(3, 2, 1) == struct.pack("<III", 3, 2, 1)
     assert hello() == b"RMQP\x01\x00\x00\x00"
+    assert hello(pipelined=True) == b"RMQP\x01\x00\x02\x00"       # FLAG_PIPELINED: Client.producer's
 
 
 def test_connections_past_the_limit_are_refused_with_resource_exhausted():

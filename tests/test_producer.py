@@ -10,10 +10,11 @@ import grpc
 import pytest
 
 from rmq_spark.client import Client, Message, ResourceExhausted, RmqError
+from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.protocol.records import encode
 
-from .conftest import start_cluster, wait_until
+from .conftest import wait_until
 from .test_produce_wire import _leader_of
 from .test_recovery import read_all
 
@@ -22,9 +23,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def pcluster(tmp_path_factory):
-    # a small backlog limit: one ProduceBatches request of many batches meets it
-    c = start_cluster(tmp_path_factory.mktemp("producer"), groups=4,
-                      extra_args=["--max-commit-backlog", str(256 << 10)])
+    # a small backlog limit: one ProduceBatches request of many batches meets it (and the
+    # default 64 MiB segments: the suite's 64 KiB ones would make every batch a new segment)
+    c = LocalCluster(nodes=3, groups=4, data_dir=str(tmp_path_factory.mktemp("producer")),
+                     extra_args=["--max-commit-backlog", str(256 << 10)])
+    c.start(timeout=90)
     yield c
     c.stop()
 
@@ -159,3 +162,23 @@ def test_a_leader_killed_mid_stream_loses_and_duplicates_nothing(pcluster):
         for q in range(4):
             assert [f.result().base_offset for qq, f in futures if qq == q] == [10 * b for b in range(n)]
             assert read_all(c, "kill", q) == _expected(q, n, 10), q
+
+
+def test_a_sent_batch_cannot_be_cancelled_and_flush_from_a_callback_is_refused(pcluster):
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("cancel", queues=1)
+        with c.producer() as p:
+            f = p.send("cancel", 0, [Message(b"a")])
+            assert not f.cancel()                  # queued: it will be answered, flush never hangs on it
+            errors = []
+
+            def flush_here(_):
+                try:
+                    p.flush(timeout=1)
+                except RmqError as e:
+                    errors.append(e)
+            p.send("cancel", 0, [Message(b"b")]).add_done_callback(flush_here)
+            p.flush(timeout=30)
+        assert f.result().base_offset == 0
+        assert errors and "would wait for itself" in str(errors[0])
+        assert read_all(c, "cancel", 0) == [b"a", b"b"]

@@ -90,7 +90,7 @@ class _Connection:
     """
 
     def __init__(self, address: str, timeout: float, token: str | None = None,
-                 ssl_context: ssl.SSLContext | None = None):
+                 ssl_context: ssl.SSLContext | None = None, pipelined: bool = False):
         host, port = address.rsplit(":", 1)
         self.address = address
         self._sock = socket.create_connection((host, int(port)), timeout=timeout)
@@ -102,7 +102,7 @@ class _Connection:
                 self._tls.handshake(self._sock)
             # A node refusing the token answers an error frame instead of its hello: this
             # transport then falls back to gRPC, which names the reason (UNAUTHENTICATED).
-            self._send_blocking(hello(token))
+            self._send_blocking(hello(token, pipelined))
             check_hello(self._recv_hello())
             self._sock.setblocking(False)
         except BaseException:
@@ -382,7 +382,7 @@ class ProduceTransport:
             self._opening[kind] += 1
         try:
             conn = _Connection(self.address, min(CONNECT_TIMEOUT, max(0.05, timeout)), self._token,
-                               self._ssl)
+                               self._ssl, pipelined=kind == ORDERED)
         finally:
             with self._lock:
                 self._opening[kind] -= 1

@@ -38,11 +38,15 @@ from storage_service.proto import rmq_pb2
 
 from ._messages import plain_block
 from ._types import ProduceResult
-from .errors import InvalidArgument, NotLeader, OutOfOrderSequence, RmqError, from_rpc_error, from_status
+from .errors import (InvalidArgument, NotLeader, OutOfOrderSequence, ResourceExhausted, RmqError, from_rpc_error,
+                     from_status)
 
 __all__ = ["Producer"]
 
 MAX_REQUEST_BYTES = 16 << 20     # one request to a node carries at most this (and one batch more)
+# A node remembers a producer's last 8 batches per queue (statemachine/data.py): a retried batch
+# must be among them to be answered with its offsets, so a queue has at most 7 in flight.
+LANE_IN_FLIGHT = 7
 FIRST_DELAY, MAX_DELAY = 0.01, 1.0
 
 
@@ -56,6 +60,7 @@ class _Batch:
     attempts: int = 0
     in_flight: bool = False
     group: int = 0
+    doomed: BaseException | None = None   # an earlier batch failed for good: this error unless stored
 
 
 @dataclass(eq=False)
@@ -70,6 +75,10 @@ class _Lane:
     serial: bool = False           # retrying: one batch at a time until one is acknowledged
     batches: collections.deque = field(default_factory=collections.deque)
     in_flight: int = 0
+    # batches it may have in flight: halved when a node says it is at a limit, one more per
+    # batch stored, at most LANE_IN_FLIGHT (a burst into a full commit backlog is refused, and
+    # the batches behind the refused one then come back out of order)
+    window: int = LANE_IN_FLIGHT
 
 
 class Producer:
@@ -104,17 +113,21 @@ class Producer:
         req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
                                      count=len(messages), in_order=True)
         b = _Batch(None, req, Future(), time.monotonic() + self.timeout)
+        b.future.set_running_or_notify_cancel()     # a queued batch cannot be taken back
         b.group = group
         with self._cond:
             if self._closed:
                 raise RmqError("producer closed")
             self._new.append(b)
             self._unfinished += 1
-            self._cond.notify()
+            self._cond.notify_all()     # (flush waits on it too: a notify() could wake only that)
         return b.future
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every batch sent so far is done (stored or failed)."""
+        if threading.current_thread() is self._thread:
+            raise RmqError("flush() or close() from a future's callback (the producer's thread) would "
+                           "wait for itself: call it from another thread")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while self._unfinished:
@@ -164,14 +177,16 @@ class Producer:
             self._dispatch()
 
     def _retry_due(self) -> bool:
+        """A batch waiting for its retry time can be sent now (its lane and node allow it)."""
         now = time.monotonic()
-        return any(not b.in_flight and b.attempts and b.retry_at <= now
-                   for lane in self._lanes.values() for b in lane.batches)
+        return any(b.attempts and self._node_in_flight[self._client._routes.target(lane.group)] < self.max_in_flight
+                   for lane in self._lanes.values() for b in self._sendable(lane, now))
 
     def _next_wait(self) -> float:
-        waits = [b.retry_at for lane in self._lanes.values() for b in lane.batches
-                 if not b.in_flight and b.attempts]
-        return max(0.001, min(waits) - time.monotonic()) if waits else 0.5
+        """Until the earliest retry a lane would send (the head of a lane sending one at a time)."""
+        waits = [lane.batches[0].retry_at for lane in self._lanes.values()
+                 if lane.batches and lane.in_flight == 0 and lane.batches[0].attempts]
+        return min(0.5, max(0.001, min(waits) - time.monotonic())) if waits else 0.5
 
     def _sendable(self, lane: _Lane, now: float) -> list[_Batch]:
         """The lane's batches to send now, in order."""
@@ -180,7 +195,8 @@ class Producer:
         if not lane.known or lane.serial:
             first = lane.batches[0]
             return [first] if lane.in_flight == 0 and not first.in_flight and first.retry_at <= now else []
-        return [b for b in lane.batches if not b.in_flight]      # (all waiting batches follow those in flight)
+        room = lane.window - lane.in_flight
+        return [b for b in lane.batches if not b.in_flight][:max(0, room)]   # (waiting ones follow those in flight)
 
     def _dispatch(self) -> None:
         now = time.monotonic()
@@ -207,7 +223,9 @@ class Producer:
         self._node_in_flight[address] += 1
         self.peak_in_flight = max(self.peak_in_flight, self._node_in_flight[address])
         request = rmq_pb2.ProduceBatchesRequest(batches=[b.request for b in batches])
-        left = max(0.05, min(self._client.attempt_timeout, min(b.deadline for b in batches) - time.monotonic()))
+        # A whole attempt, even for a batch near its deadline: a request that expires takes the
+        # node's ordered connection (and the other requests in flight on it) down with it.
+        left = self._client.attempt_timeout
         client = self._client
         try:
             if client.produce_port:
@@ -224,7 +242,7 @@ class Producer:
         """A request's answer (any thread): handed to the producer's thread."""
         with self._cond:
             self._done.append((batches, address, outcome))
-            self._cond.notify()
+            self._cond.notify_all()     # (flush waits on it too: a notify() could wake only that)
 
     def _complete(self, batches: list[_Batch], address: str, outcome) -> None:
         self._node_in_flight[address] -= 1
@@ -232,22 +250,29 @@ class Producer:
             lane = b.lane
             b.in_flight = False
             lane.in_flight -= 1
-            if b.future.done():                # failed with an earlier batch of its lane
+            current = b.request.producer_id == lane.producer_id
+            if b.doomed is not None:           # an earlier batch of its lane failed for good
                 lane.batches.remove(b)
+                self._resolve(b, res if not isinstance(res, RmqError) else b.doomed)
                 continue
             if not isinstance(res, RmqError):
                 lane.batches.remove(b)
-                lane.known = True
-                if lane.serial and lane.in_flight == 0:
-                    lane.serial = False
+                if current:                    # (a batch of an id the lane left says nothing of the new one)
+                    lane.known = True
+                    lane.window = min(LANE_IN_FLIGHT, lane.window + 1)
+                    if lane.serial and lane.in_flight == 0:
+                        lane.serial = False
                 self._resolve(b, res)
                 continue
-            self._client._routes.learn(lane.group, res, address)
+            if not isinstance(res, (ResourceExhausted, OutOfOrderSequence)):
+                self._client._routes.learn(lane.group, res, address)     # (those come from the leader)
             if not res.retriable or time.monotonic() > b.deadline:
-                self._fail_lane(lane, b, res)
+                self._fail_lane(lane, b, res if not res.retriable else _timed_out(b, self.timeout, res))
                 continue
             b.attempts += 1
             lane.serial = True                 # from here one at a time, in order, until one is stored
+            if isinstance(res, ResourceExhausted):
+                lane.window = max(1, lane.window // 2)
             hinted = isinstance(res, NotLeader) and res.leader
             delay = 0.0 if hinted or isinstance(res, OutOfOrderSequence) else \
                 min(MAX_DELAY, FIRST_DELAY * 2 ** min(b.attempts, 8)) * (0.5 + random.random())
@@ -255,15 +280,21 @@ class Producer:
 
     def _fail_lane(self, lane: _Lane, first: _Batch, error: BaseException) -> None:
         """``first`` failed for good: it and every later batch of the lane fail, and the
-        lane starts over under a new producer id (its first batch goes alone)."""
+        lane starts over under a new producer id (its first batch goes alone). A later
+        batch still in flight keeps its own answer: stored if the node says so."""
         batches = list(lane.batches)
         doomed = batches[batches.index(first):] if first in batches else [first]
         for b in doomed:
-            if not b.future.done():
-                self._resolve(b, error if b is first else RmqError(
-                    f"{lane.topic}/{lane.queue}: not stored: an earlier batch (sequence "
-                    f"{first.request.sequence}) failed: {error}"))
-        # batches in flight stay until their answers come (and are then passed over)
+            if b.future.done():
+                continue
+            why = error if b is first else RmqError(
+                f"{lane.topic}/{lane.queue}: an earlier batch (sequence {first.request.sequence}) failed, so "
+                f"this one was {'perhaps stored (sent before, answer lost)' if b.attempts else 'not stored'}: "
+                f"{error}")
+            if b.in_flight:
+                b.doomed = why
+            else:
+                self._resolve(b, why)
         lane.batches = collections.deque(b for b in lane.batches if b not in doomed or b.in_flight)
         lane.producer_id, lane.next_sequence, lane.known, lane.serial = self._lane_id(), 0, False, False
 
@@ -278,10 +309,12 @@ class Producer:
                 self._cond.notify_all()
 
 
-def _timed_out(b: _Batch, timeout: float) -> RmqError:
+def _timed_out(b: _Batch, timeout: float, last: BaseException | None = None) -> RmqError:
     from .errors import DeadlineExceeded
+    stored = "perhaps stored: an attempt's answer was lost" if b.attempts or last is not None else "not stored"
     return DeadlineExceeded(f"{b.lane.topic}/{b.lane.queue}: batch at sequence {b.request.sequence} not "
-                            f"stored within {timeout} s", grpc.StatusCode.DEADLINE_EXCEEDED)
+                            f"acknowledged within {timeout} s ({stored})" + (f"; last error: {last}" if last else ""),
+                            grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def _outcomes(call, address: str, n: int) -> list:

@@ -14,7 +14,11 @@ A connection starts with a hello each way, then carries frames::
 A client's hello with flag 1 (``FLAG_TOKEN``) is followed by its bearer
 token (``length`` bytes of UTF-8, at most ``MAX_TOKEN``): the node
 authenticates the connection by it (``server/authz.py``), as gRPC calls by
-their ``authorization`` metadata. A node's hello has no flags.
+their ``authorization`` metadata. Flag 2 (``FLAG_PIPELINED``): the client keeps
+several produce requests in flight on the connection; the node submits them in
+the order they come and reads on while they commit (``Client.producer``).
+Without it the node answers a request before it reads the next. A node's
+hello has no flags.
 
 In a request, ``code`` is the method and the body its request message:
 1 = ProduceBatches (a ``ProduceBatchesRequest``), 2 = Fetch (a
@@ -37,7 +41,7 @@ import grpc
 
 from .errors import StorageError
 
-__all__ = ["FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_FETCH", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
+__all__ = ["FLAG_PIPELINED", "FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_FETCH", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
            "WireProtocolError", "check_hello", "error_frame", "frame_head", "hello"]
 
 MAGIC = b"RMQP"
@@ -48,6 +52,7 @@ METHOD_PRODUCE_BATCHES = 1
 METHOD_FETCH = 2
 MAX_FRAME = 128 << 20       # gRPC's message limit (placement.GRPC_OPTIONS)
 FLAG_TOKEN = 1
+FLAG_PIPELINED = 2
 TOKEN_LEN = struct.Struct("<H")
 MAX_TOKEN = 8192
 
@@ -69,13 +74,14 @@ class Frame(NamedTuple):
     body: bytearray
 
 
-def hello(token: str | None = None) -> bytes:
+def hello(token: str | None = None, pipelined: bool = False) -> bytes:
+    flags = FLAG_PIPELINED if pipelined else 0
     if not token:
-        return HELLO.pack(MAGIC, VERSION, 0)
+        return HELLO.pack(MAGIC, VERSION, flags)
     raw = token.encode()
     if len(raw) > MAX_TOKEN:
         raise ValueError(f"a token of {len(raw)} bytes; the produce port takes at most {MAX_TOKEN}")
-    return HELLO.pack(MAGIC, VERSION, FLAG_TOKEN) + TOKEN_LEN.pack(len(raw)) + raw
+    return HELLO.pack(MAGIC, VERSION, flags | FLAG_TOKEN) + TOKEN_LEN.pack(len(raw)) + raw
 
 
 def check_hello(data: bytes) -> int:
@@ -87,8 +93,9 @@ def check_hello(data: bytes) -> int:
         raise WireProtocolError(f"not an rmq produce stream (hello {bytes(data)!r})")
     if version != VERSION:
         raise WireProtocolError(f"produce stream version {version}; this side speaks {VERSION}")
-    if flags & ~FLAG_TOKEN:
-        raise WireProtocolError(f"hello flags {flags:#x}: this side knows {FLAG_TOKEN:#x} (a token follows)")
+    if flags & ~(FLAG_TOKEN | FLAG_PIPELINED):
+        raise WireProtocolError(f"hello flags {flags:#x}: this side knows {FLAG_TOKEN:#x} (a token follows) "
+                                f"and {FLAG_PIPELINED:#x} (requests pipelined)")
     return flags
 
 

@@ -10,6 +10,7 @@ acknowledged (``_install_snapshot``, ``on_load_snapshot``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -28,6 +29,24 @@ class SnapshotFiles:
     """Needs of its ``RaftGroup``: ``journal``, ``state``, ``_term_at``, ``_heartbeat``,
     ``_load_members`` and the ``_pysyncobj.Engine`` interface."""
 
+    # "<snapshot>.own" holds the last index of the snapshot this replica wrote itself; a
+    # snapshot received from a leader removes it. Loaded at start, an own snapshot lets a
+    # data group leave its queues closed (statemachine/queue_logs.py): they were synced
+    # before it was written. Lost, stale or torn, the mark only costs opening them.
+    def _mark_own(self, index: int) -> None:
+        try:
+            with open(self.snapshot_path + ".own", "w") as f:
+                f.write(str(index))
+        except OSError:
+            pass
+
+    def _is_own(self, index: int) -> bool:
+        try:
+            with open(self.snapshot_path + ".own") as f:
+                return f.read().strip() == str(index)
+        except (OSError, ValueError):
+            return False
+
     def _install_snapshot(self, node, message):
         """Snapshot transfer from the leader, without dropping acknowledged entries.
 
@@ -41,6 +60,8 @@ class SnapshotFiles:
         if not self.take_snapshot_part(message["serialized"]):
             self.deliver(node, self._heartbeat(message, self.raftCommitIndex))
             return None
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.snapshot_path + ".own")    # the file is the leader's now
         last_idx, last_term = self._peek_snapshot()
         if self._term_at(last_idx) == last_term:
             self.snapshot_skips += 1
@@ -109,6 +130,7 @@ class SnapshotFiles:
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
+        self._mark_own(last[1])
         self.snapshots_written += 1
         self.snapshot_index = last[1]
 
@@ -123,7 +145,8 @@ class SnapshotFiles:
             pos += n
         _, pos = membership.decode_config(data, pos)      # absent in snapshots written before wave 2
         leader = self.leader_node()
-        self.state.restore(data[pos:], entries[0][1], leader.address if leader else None)
+        self.state.restore(data[pos:], entries[0][1], leader.address if leader else None,
+                           own=self._is_own(entries[0][1]))
         self.snapshot_index = entries[0][1]
         cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}
         return entries[0], entries[1], cluster

@@ -47,7 +47,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2
-from ..protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
+from ..protocol.produce_frames import (FLAG_PIPELINED, FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
                                        METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
                                        WireProtocolError, check_hello, error_frame, frame_head, hello)
 from ..protocol.fetch_wire import decode_fetch_response, encode_fetch_head
@@ -189,6 +189,8 @@ class ProduceWireServer:
                     _try_send_error(conn, e.code, e.message)
                     return
             conn.sendall(hello())
+            # (a connection that sends one request at a time keeps one thread: no hand-off)
+            pipelined = bool(flags & FLAG_PIPELINED) and self._submit is not None
             frames = FrameReader(self.max_frame)
             while True:
                 n = conn.recv_into(frames.want())        # straight into the frame's buffer
@@ -199,7 +201,7 @@ class ProduceWireServer:
                 if frame is None:
                     continue
                 started = time.perf_counter()
-                if frame.code == METHOD_PRODUCE_BATCHES and self._submit is not None:
+                if frame.code == METHOD_PRODUCE_BATCHES and pipelined:
                     code, reply = self._pipelined(frame, credentials, started, answers)
                     if reply is None:
                         continue                         # submitted: answered when committed

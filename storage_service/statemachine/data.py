@@ -287,10 +287,12 @@ class DataState:
     def snapshot(self) -> bytes:
         return json.dumps(self.manifest()).encode()
 
-    def restore(self, data: bytes, index: int, leader: str | None) -> None:
+    def restore(self, data: bytes, index: int, leader: str | None, own: bool = False) -> None:
         """Install a snapshot; CatchUpFailed if no peer could serve the batches it lacks
-        (what was fetched stays: a later install goes on from there)."""
-        trust = self._trust_disk and leader is None
+        (what was fetched stays: a later install goes on from there). ``own``: a
+        snapshot this replica wrote itself (not one received from a leader, whose
+        queues this replica may lack), loaded at start: closed queues stay closed."""
+        trust = self._trust_disk and own and self.fsync
         self._trust_disk = False
         self.install(json.loads(data), self.fetch_range, index, trust_disk=trust)
 
@@ -328,7 +330,7 @@ class DataState:
                 q.truncate_prefix(earliest)
         # (a closed queue the manifest does not name: dropped before the snapshot, its
         # directory left by a crash; opened here to be judged like the rest)
-        for name in set(self.queues) | (closed - manifest["queues"].keys()):
+        for name in set(self.queues) | (self.queues.closed_names() - manifest["queues"].keys()):
             if name not in manifest["queues"] and self.queues[name].last_position < apply_position(index + 1, 0):
                 self._drop(name)
         self.producers = {

@@ -343,7 +343,7 @@ class MetaState:
                                "founding": {str(g): r for g, r in self.founding.items()},
                                "density": self.density, "security": self.security.to_json()}).encode()
 
-    def restore(self, data: bytes, index: int, leader: str | None) -> None:
+    def restore(self, data: bytes, index: int, leader: str | None, own: bool = False) -> None:
         d = json.loads(data)
         with self.lock:
             # Defaults first: a topic snapshotted before a setting existed gets its default.

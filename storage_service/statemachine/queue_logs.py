@@ -48,10 +48,10 @@ class QueueLogs(dict):
             self.on_open(name, q)
         return q
 
+    # ``_open`` puts a queue in the dict before it leaves ``_closed``: so ``_closed`` is
+    # looked at first, and a queue another thread is opening is seen in one or the other.
     def get(self, name, default=None):
-        q = dict.get(self, name)
-        if q is None and name in self._closed:
-            q = self._open(name)
+        q = self._open(name) if name in self._closed else dict.get(self, name)
         return default if q is None else q
 
     def __getitem__(self, name) -> QueueLog:
@@ -61,7 +61,7 @@ class QueueLogs(dict):
         return q
 
     def __contains__(self, name) -> bool:
-        return dict.__contains__(self, name) or name in self._closed
+        return name in self._closed or dict.__contains__(self, name)
 
     def pop(self, name, *default):
         self.get(name)

@@ -708,7 +708,12 @@ def test_hello_token_length_limit_counts_bytes():
         hello("é" * (MAX_TOKEN // 2 + 1))               # 2 bytes each in UTF-8
 
 
-@pytest.mark.parametrize("flags", [2, 3, 0x8000, 0xFFFF])
+@pytest.mark.parametrize("flags", [4, 5, 0x8000, 0xFFFF])
 def test_hello_with_unknown_flags_is_refused(flags):
-    with pytest.raises(WireProtocolError, match=f"hello flags {flags:#x}: this side knows 0x1"):
+    with pytest.raises(WireProtocolError, match=f"hello flags {flags:#x}: this side knows 0x1 .* and 0x2"):
         check_hello(HELLO.pack(b"RMQP", 1, flags))
+
+
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
+def test_hello_with_token_and_pipelined_flags_is_taken(flags):
+    assert check_hello(HELLO.pack(b"RMQP", 1, flags)) == flags

@@ -138,19 +138,41 @@ def test_reopen_finds_existing_queues(tmp_path):
 
 
 def test_a_restart_opens_no_queue_until_used_and_its_snapshot_still_names_them_all(tmp_path):
-    s = DataState(str(tmp_path), fsync=False)
+    s = DataState(str(tmp_path), fsync=True)
     names = [Q.replace("~0", f"~{i}") for i in range(5)]
     for i, name in enumerate(names):
         s.apply(i + 1, _produce(name, "", 0, 5, _msgs(f"q{i}", i + 1)))
     snap = s.snapshot()
     s.close()
-    s2 = DataState(str(tmp_path), fsync=False)
-    s2.restore(snap, 5, None)                     # the node's own snapshot, loaded at start
+    s2 = DataState(str(tmp_path), fsync=True)
+    s2.restore(snap, 5, None, own=True)           # the node's own snapshot, loaded at start
     assert list(s2.queues) == [] and s2.queues.total() == 5
     assert json.loads(s2.snapshot()) == json.loads(snap)        # taken with every queue still closed
     assert s2.queue(names[3]).next_offset == 4 and list(s2.queues) == [names[3]]
     assert s2.queues.open_some(2) == 2 and len(list(s2.queues)) == 3
     assert json.loads(s2.snapshot()) == json.loads(snap)
+
+
+def test_a_snapshot_not_written_here_checks_closed_queues_and_drops_those_it_does_not_name(tmp_path):
+    """A received snapshot left in the snapshot file (the node restarted before its catch-up
+    finished) is not this replica's own: queues behind it are fetched, not trusted."""
+    s = DataState(str(tmp_path), fsync=True)
+    s.apply(1, _produce(Q, "", 0, 5, _msgs("a", 4)))
+    gone = Q.replace("~0", "~1")
+    s.apply(2, _produce(gone, "", 0, 5, _msgs("b", 1)))
+    snap = json.loads(s.snapshot())
+    snap["queues"][Q][1] = 6                       # the leader's manifest: two more than here
+    del snap["queues"][gone]                       # and a queue dropped on the leader
+    s.close()
+    s2 = DataState(str(tmp_path), fsync=True)
+    fetched = []
+    s2.fetch_range = lambda name, start, end: fetched.append((name, start, end)) or []
+    with pytest.raises(CatchUpFailed):
+        s2.restore(json.dumps(snap).encode(), 9, None, own=False)
+    assert fetched == [(Q, 4, 6)]
+    del snap["queues"][Q]
+    s2.restore(json.dumps(snap).encode(), 9, None, own=False)
+    assert gone not in s2.queues and not os.path.exists(os.path.join(str(tmp_path), gone))
 
 
 def test_a_snapshot_from_a_leader_checks_every_queue(tmp_path):
