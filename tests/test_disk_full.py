@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
 from rmq_spark.client import Client, ResourceExhausted
 from storage_service.local import LocalCluster
-from storage_service.log.diskspace import Shortage
+from storage_service.log.diskspace import LOOKUP_EVERY, Shortage
 from storage_service.log.queue_log import QueueLog
 from storage_service.protocol.framing import frame_batch, iter_batches, next_offset
 
@@ -73,6 +74,10 @@ def test_full_node_refuses_produce_and_serves_reads(tmp_path):
             client.create_topic("t", queues=1)
             client.produce("t", [b"before"], queue=0)
             filler = disk.fill(leave=4 * MiB)
+            # The node reuses a free-space lookup for LOOKUP_EVERY s: one made just before the
+            # fill (the produce above) could still be the one it answers from. Past that, the
+            # next lookup sees the fill, however loaded the machine (clone 4 of 2026-11-27 met it).
+            time.sleep(2 * LOOKUP_EVERY)
             with pytest.raises(ResourceExhausted) as err:
                 client.produce("t", [b"refused"], queue=0)
             msg = str(err.value)

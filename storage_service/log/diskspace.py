@@ -25,9 +25,10 @@ import os
 import threading
 import time
 
-__all__ = ["DiskSpace", "Shortage", "SHORTAGE_ERRNOS", "is_shortage"]
+__all__ = ["DiskSpace", "LOOKUP_EVERY", "Shortage", "SHORTAGE_ERRNOS", "is_shortage"]
 
 SHORTAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE})
+LOOKUP_EVERY = 0.1      # seconds a free-space lookup is reused (a statvfs per produce otherwise)
 
 
 def is_shortage(e: BaseException) -> bool:
@@ -41,7 +42,7 @@ class Shortage(OSError):
 class DiskSpace:
     """Free space of a node's data directory, looked up at most every ``every`` s."""
 
-    def __init__(self, path: str, reserve: int, every: float = 0.1):
+    def __init__(self, path: str, reserve: int, every: float = LOOKUP_EVERY):
         self.path, self.reserve, self.every = path, reserve, every
         self._free, self._at = None, 0.0
         self._lock = threading.Lock()
