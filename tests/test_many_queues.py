@@ -147,3 +147,18 @@ def test_a_restarted_node_serves_first_and_opens_its_queues_behind(tmp_path):
             assert behind >= queues // 2, done[-1]
     finally:
         cluster.stop()
+
+
+def test_local_gives_up_on_nodes_that_make_no_progress_and_says_who(tmp_path):
+    """``LocalCluster.wait_ready`` (``rmq-storage local``) waits for as long as the nodes
+    get on (issue 39.5: not a fixed 60 s), and gives up on a node that makes no
+    progress: here one node of three, alone, can elect no leader."""
+    cluster = LocalCluster(nodes=3, groups=1, data_dir=str(tmp_path))
+    said: list[str] = []
+    try:
+        cluster.start_node(0)
+        with pytest.raises(TimeoutError, match=r"nodes \[0\] not ready: no progress for 3.0s"):
+            cluster.wait_ready(3.0, nodes=[0], say=said.append)
+        assert said and all(line.startswith("waiting for nodes: 0 (") for line in said), said
+    finally:
+        cluster.stop()

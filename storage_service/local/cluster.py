@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import grpc
 
@@ -196,14 +196,15 @@ class LocalCluster:
                                          start_new_session=True)
         log.close()
 
-    def start(self, timeout: float = 60.0) -> "LocalCluster":
-        """Start every node and wait until each sees a leader for every group. If that
-        fails, the nodes started are stopped again (``with`` never reaches ``__exit__``)."""
+    def start(self, timeout: float = 60.0, say: Callable[[str], None] | None = None) -> "LocalCluster":
+        """Start every node and wait until each sees a leader for every group
+        (``wait_ready``: ``timeout`` seconds without progress). If that fails, the
+        nodes started are stopped again (``with`` never reaches ``__exit__``)."""
         self._lock.acquire()             # again after a stop()
         try:
             for i in range(self.nodes):
                 self.start_node(i)
-            self.wait_ready(timeout)
+            self.wait_ready(timeout, say=say)
         except BaseException:
             self.stop()
             raise
@@ -216,12 +217,21 @@ class LocalCluster:
             except grpc.RpcError:
                 return None
 
-    def wait_ready(self, timeout: float = 60.0, nodes: Sequence[int] | None = None) -> None:
-        """Block until every running node sees a leader for every group."""
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, timeout: float = 60.0, nodes: Sequence[int] | None = None,
+                   say: Callable[[str], None] | None = None) -> None:
+        """Block until every running node sees a leader for every group.
+
+        ``timeout``: seconds without progress, not in all: a node that answers
+        for the first time, leads or sees a leader for one more group, or opens
+        more queues starts the wait again (a node replaying a long journal is
+        not given up on while it gets on). ``say`` gets a line about the nodes
+        still waited for every 2 s."""
         nodes = list(range(self.nodes)) if nodes is None else list(nodes)
+        deadline = time.monotonic() + timeout
+        seen: dict[int, tuple] = {}
+        said = time.monotonic()
         while True:
-            pending = []
+            pending, progress = [], False
             for i in nodes:
                 p = self.procs[i]
                 if p is not None and p.poll() is not None:
@@ -229,10 +239,25 @@ class LocalCluster:
                 h = self.health(i) if p is not None else None
                 if p is not None and (h is None or not h.serving):
                     pending.append(i)
+                    # (answers, groups with a leader, queues open): a new best is progress
+                    mark = (1, h.groups_with_leader, h.queues_open) if h is not None else (0, 0, 0)
+                    best = seen.get(i, (0, 0, 0))
+                    if any(m > b for m, b in zip(mark, best)):
+                        progress = True
+                        seen[i] = tuple(map(max, mark, best))
             if not pending:
                 return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nodes {pending} not ready after {timeout}s; see logs in {self.log_dir}")
+            now = time.monotonic()
+            if progress:
+                deadline = now + timeout
+            if now > deadline:
+                raise TimeoutError(f"nodes {pending} not ready: no progress for {timeout}s; "
+                                   f"see logs in {self.log_dir}")
+            if say is not None and now - said >= 2:
+                said = now
+                say("waiting for nodes: " + ", ".join(
+                    f"{i} ({'starting' if not seen.get(i, (0,))[0] else f'{seen[i][1]} groups with a leader'})"
+                    for i in pending))
             time.sleep(0.1)
 
     def pid(self, i: int) -> int | None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
-__all__ = ["drop_pages", "fatal", "fsync_dir"]
+__all__ = ["DirSyncs", "drop_pages", "fatal", "fsync_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,45 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class DirSyncs:
+    """Directories with new entries not synced yet, synced together later.
+
+    A new queue is a directory in the group's data directory and three files
+    in it: two directory syncs each, ~1 ms on the test VM, which held the first
+    produce to fresh queues to 300-500 queues/s (issue 39). Its entries are in
+    the raft journal until a snapshot covers them, and the snapshot is taken
+    after ``DataState.sync`` runs ``sync()`` here: until then a power loss
+    replays them and the directory is created again. So the data state
+    collects the directories and syncs each once per round (its background
+    sync, or the snapshot's), one sync of the parent for every queue created
+    meanwhile.
+    """
+
+    def __init__(self):
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()       # held through the syncs: a caller that finds
+        #                                     nothing pending knows earlier syncs are done
+
+    def add(self, *paths: str) -> None:
+        self._pending.update(paths)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def sync(self) -> None:
+        """Sync every pending directory; an OSError is the caller's (``fatal``)."""
+        with self._lock:
+            while self._pending:
+                path = self._pending.pop()
+                try:
+                    fsync_dir(path)
+                except FileNotFoundError:
+                    pass                        # removed since (a dropped queue): nothing to keep
+                except BaseException:
+                    self._pending.add(path)
+                    raise
 
 
 def drop_pages(fd: int, start: int, length: int) -> None:

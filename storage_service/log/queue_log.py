@@ -19,7 +19,7 @@ import time
 
 from ..protocol import framing
 from .diskspace import Shortage, is_shortage
-from .durability import drop_pages, fatal, fsync_dir
+from .durability import DirSyncs, drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
 from .swaps import SegmentSwaps
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, index_position,
@@ -41,11 +41,15 @@ class QueueLog(SegmentSwaps):
 
     def __init__(self, path: str, segment_bytes: int = 64 << 20,
                  index_interval: int = 64 << 10, fsync: bool = True,
-                 cache_bytes: int = DEFAULT_CACHE_BYTES, files: OpenFiles | None = None):
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, files: OpenFiles | None = None,
+                 dirs: DirSyncs | None = None):
         """``cache_bytes``: how much of the active segment's synced tail stays in
         the page cache for readers that follow the log (``sync_behind``).
         ``files``: the node's budget of open files (``handles.py``); the log opens
-        its files when it is used and closes them when the budget needs them."""
+        its files when it is used and closes them when the budget needs them.
+        ``dirs``: where a new queue leaves its directory syncs for its owner to
+        make later (``DirSyncs``: the raft journal covers them meanwhile); without
+        it they are made at once."""
         self.path = path
         self.segment_bytes = segment_bytes
         self.cache_bytes = cache_bytes
@@ -65,11 +69,10 @@ class QueueLog(SegmentSwaps):
         self._uncached = 0    # active segment: bytes below this were dropped from the page cache
         self.files = files
         self.last_use = 0.0   # monotonic time of the last append or read (least used closes first)
-        if not os.path.isdir(path):
-            os.makedirs(path, exist_ok=True)
-            if fsync:                # the queue's directory entry survives a power loss
-                fsync_dir(os.path.dirname(os.path.abspath(path)))
-        self._open()
+        if os.path.isdir(path):
+            self._open()
+        else:
+            self._create(dirs)
 
     # ------------------------------------------------------------------ open
     def _open(self) -> None:
@@ -87,6 +90,33 @@ class QueueLog(SegmentSwaps):
             if seg.damaged:                  # its end is where the next one starts
                 seg.next_offset = max(seg.next_offset, after.base)
         self._earliest = max(self._earliest, self.segments[0].base)
+
+    def _create(self, dirs: DirSyncs | None) -> None:
+        """A new queue: its directory and first segment's files, left open for the
+        first append (the fewest system calls: issue 39's first produce to fresh
+        queues). Both directories' new entries must survive a power loss: synced
+        here, or by ``dirs``'s owner before a snapshot covers this queue."""
+        os.makedirs(self.path, exist_ok=True)
+        seg = Segment(0, self.path, 0, 0)
+        fds = []
+        try:
+            for ext in SEGMENT_FILES:
+                fds.append(os.open(seg.file(ext), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        self._wfd, self._ifd, self._tfd = fds
+        self.segments.append(seg)
+        self._idx_since = self.index_interval
+        if self.fsync_enabled:
+            parent = os.path.dirname(os.path.abspath(self.path))
+            if dirs is not None:
+                dirs.add(parent, self.path)
+            else:
+                fsync_dir(parent)
+                fsync_dir(self.path)
+        self._note_files()
 
     def _read_earliest(self) -> int:
         try:

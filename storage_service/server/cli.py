@@ -295,7 +295,7 @@ def run_local(args) -> int:
         return 2
     stop = _stop_on_signals()
     try:
-        cluster.start()
+        cluster.start(say=lambda line: print(line, flush=True))     # 60 s without progress
         print(f"endpoints: {cluster.endpoints}", flush=True)
         if cluster.tls is not None:
             print(f"tls-ca: {cluster.tls.ca}", flush=True)

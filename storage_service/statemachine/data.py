@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Callable
 
-from ..log.durability import fatal
+from ..log.durability import DirSyncs, fatal
 from ..log.handles import OpenFiles
 from ..log.queue_log import QueueLog
 from .queue_logs import QueueLogs
@@ -76,6 +76,7 @@ class DataState:
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         os.makedirs(root, exist_ok=True)
+        self.dirs = DirSyncs()      # new queues' directory syncs, made by ``sync``/``sync_behind``
         on_disk = [n for n in os.listdir(root) if "~" in n and os.path.isdir(os.path.join(root, n))]
         self.queues = QueueLogs(self._open, on_disk)     # opened when first used
         # (earliest, next offset) of queues not opened since start, as the snapshot loaded at
@@ -90,7 +91,8 @@ class DataState:
         self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
 
     def _open(self, name: str) -> QueueLog:
-        return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files)
+        return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files,
+                        dirs=self.dirs)
 
     def queue(self, name: str, create: bool = False) -> QueueLog | None:
         q = self.queues.get(name)
@@ -258,6 +260,10 @@ class DataState:
         self._sync_all(QueueLog.sync_behind)
 
     def _sync_all(self, sync) -> None:
+        try:
+            self.dirs.sync()              # new queues' directories (``DirSyncs``)
+        except OSError as e:
+            fatal(f"group data {self.root}: directory sync failed ({e})")
         for q in list(self.queues.values()):
             try:
                 sync(q)

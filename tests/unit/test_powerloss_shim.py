@@ -154,6 +154,30 @@ def test_new_file_needs_its_directory_synced(root, undo, case, names, expect):
         assert not report.removed
 
 
+@pytest.mark.parametrize("synced", [False, True])
+def test_a_new_queue_is_durable_once_its_data_state_synced(root, undo, synced):
+    """A new queue's directory syncs wait for the data state's next sync (``DirSyncs``):
+    before it a power loss may take the queue's files (the raft journal replays
+    them); after it, the sync a snapshot makes first, they are all there."""
+    report = crash(root, undo, f"""
+        sys.path.insert(0, {os.getcwd()!r})
+        from storage_service.statemachine.data import DataState, queue_dir
+        from tests.unit._helpers import encode_values
+        st = DataState("data", fsync=True)
+        st.apply(1, ("produce", [(queue_dir("t", "i", q), "", 0, 1, 1, encode_values([b"m"])) for q in range(3)]))
+        assert len(st.dirs) == 4                 # the group's directory and the three queues'
+        if {synced!r}:
+            st.sync()
+            assert len(st.dirs) == 0
+    """)
+    logs = sorted(str(p) for p in (root / "data").glob("*/*.log"))
+    if synced:
+        assert len(logs) == 3 and all(os.path.getsize(p) > 0 for p in logs), report.summary()
+        assert not report.removed
+    else:
+        assert not logs and len(report.removed) == 9, report.summary()
+
+
 @pytest.mark.parametrize("sync_dir", [False, True])
 def test_replace_without_a_directory_sync_is_undone(root, undo, sync_dir):
     target = put(root / "meta", b"old contents")
