@@ -55,6 +55,33 @@ def test_pipelined_batches_are_stored_once_and_in_order(pcluster):
         assert peak > 1, "no node ever had two requests of the producer in flight"
 
 
+def test_send_block_keeps_the_callers_identity_pipelines_each_run_and_resends_are_duplicates(pcluster):
+    """The Spark sink's way (``send_block``): the caller numbers its batches by rows, a new
+    micro-batch starts a new run (a jump in sequence), and a retried task sends the same
+    batches again: each stored once, in order."""
+    def block(b, n=10):
+        return encode([f"{b}:{i}".encode() for i in range(n)])
+
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("blocks", queues=2)
+        runs = [(1 << 32) * run + 10 * b for run in range(3) for b in range(12)]       # 3 micro-batches
+        with c.producer(max_in_flight=5) as p:
+            first = [p.send_block("blocks", q, block(i), 10, producer_id="task-7", sequence=seq)
+                     for i, seq in enumerate(runs) for q in (0, 1)]
+            p.flush()
+            again = [p.send_block("blocks", 0, block(i), 10, producer_id="task-7", sequence=seq)
+                     for i, seq in enumerate(runs)]                                   # a retried task
+            p.flush()
+            with pytest.raises(RmqError, match="producer id and a sequence"):
+                p.send_block("blocks", 0, block(0), 10, producer_id="", sequence=0)
+        assert not any(f.result().duplicate for f in first)
+        assert all(f.result().duplicate for f in again)
+        # the node remembers a producer's last 8 batches per queue: those answer with their offsets
+        assert [f.result().base_offset for f in again[-8:]] == [f.result().base_offset for f in first[-16::2]]
+        for q in (0, 1):
+            assert read_all(c, "blocks", q) == [f"{i}:{j}".encode() for i in range(len(runs)) for j in range(10)]
+
+
 def _stub(cluster, i: int):
     return rmq_pb2_grpc.MessageLogStub(grpc.insecure_channel(cluster.addresses[i]))
 

@@ -19,6 +19,12 @@ checks). ``Producer`` does the same with our parts:
   passed) fails the queue's later batches too, and the queue starts over
   under a new producer id: nothing behind a lost batch is stored out of order.
 
+``send_block`` takes the identity from the caller instead (the Spark sink
+numbers its own calls so that a retried task sends the same ones): a batch
+whose sequence does not follow its lane's last one starts a new run and goes
+alone (not ``in_order``), and a batch that fails for good fails the lane's
+later batches without a new id (the caller's retry resends them all).
+
 One thread (``producer-<id>``) sends, retries and completes the futures;
 ``send`` only queues. Futures' callbacks run on that thread.
 """
@@ -61,6 +67,7 @@ class _Batch:
     in_flight: bool = False
     group: int = 0
     doomed: BaseException | None = None   # an earlier batch failed for good: this error unless stored
+    alone: bool = False            # starts a run of the caller's sequences: sent when nothing is before it
 
 
 @dataclass(eq=False)
@@ -71,6 +78,7 @@ class _Lane:
     group: int
     producer_id: str
     next_sequence: int = 0
+    explicit: bool = False         # the caller's identity (``send_block``): never renamed
     known: bool = False            # a batch of this producer id was stored: pipelining is safe
     serial: bool = False           # retrying: one batch at a time until one is acknowledged
     batches: collections.deque = field(default_factory=collections.deque)
@@ -92,7 +100,7 @@ class Producer:
         self.max_in_flight = max_in_flight
         self.timeout = timeout or client.timeout
         self._id = f"{client._client_id}-p{uuid.uuid4().hex[:10]}"
-        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._lanes: dict[tuple, _Lane] = {}      # (topic, queue[, the caller's producer id])
         self._node_in_flight: collections.Counter = collections.Counter()
         self._cond = threading.Condition()
         self._new: list[_Batch] = []
@@ -109,12 +117,27 @@ class Producer:
         messages = list(messages)
         if not messages:
             raise InvalidArgument(f"batch for {topic}/{queue} is empty: give at least one message")
-        group = self._client.group_of(topic, queue)
-        req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
-                                     count=len(messages), in_order=True)
+        return self._queue(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=plain_block(messages),
+                                                  count=len(messages), in_order=True))
+
+    def send_block(self, topic: str, queue: int, block: bytes, count: int, *, producer_id: str,
+                   sequence: int) -> Future:
+        """Queue an encoded records block of ``count`` messages as producer ``producer_id``
+        at ``sequence`` (the caller numbers its batches, as ``Client.produce_block``):
+        stored once however often it is sent with that identity; batches of one
+        (queue, producer id) whose sequences follow each other are pipelined in order."""
+        if count < 1:
+            raise InvalidArgument(f"batch for {topic}/{queue} has count={count}: give 1 or more")
+        if not producer_id or sequence < 0:
+            raise InvalidArgument(f"batch for {topic}/{queue}: give a producer id and a sequence >= 0 "
+                                  f"(got {producer_id!r}, {sequence})")
+        return self._queue(rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=block, count=count,
+                                                  producer_id=producer_id, sequence=sequence, in_order=True))
+
+    def _queue(self, req: rmq_pb2.ProduceRequest) -> Future:
         b = _Batch(None, req, Future(), time.monotonic() + self.timeout)
         b.future.set_running_or_notify_cancel()     # a queued batch cannot be taken back
-        b.group = group
+        b.group = self._client.group_of(req.topic, req.queue)
         with self._cond:
             if self._closed:
                 raise RmqError("producer closed")
@@ -164,17 +187,28 @@ class Producer:
                 new, self._new = self._new, []
                 done, self._done = self._done, []
             for b in new:                   # lanes are this thread's alone
-                key = (b.request.topic, b.request.queue)
-                lane = self._lanes.get(key)
-                if lane is None:
-                    lane = self._lanes[key] = _Lane(*key, b.group, self._lane_id())
-                b.lane = lane
-                b.request.producer_id, b.request.sequence = lane.producer_id, lane.next_sequence
-                lane.next_sequence += b.request.count
-                lane.batches.append(b)
+                self._enter(b)
             for batches, address, outcome in done:
                 self._complete(batches, address, outcome)
             self._dispatch()
+
+    def _enter(self, b: _Batch) -> None:
+        """Put a new batch at the end of its lane, with its identity."""
+        r = b.request
+        explicit = bool(r.producer_id)
+        key = (r.topic, r.queue, r.producer_id) if explicit else (r.topic, r.queue)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(r.topic, r.queue, b.group, r.producer_id or self._lane_id(),
+                                            next_sequence=-1 if explicit else 0, explicit=explicit)
+        b.lane = lane
+        if not explicit:
+            r.producer_id, r.sequence = lane.producer_id, lane.next_sequence
+        elif r.sequence != lane.next_sequence:
+            b.alone = True               # not after the lane's last batch: the node may know none of it
+            r.in_order = False
+        lane.next_sequence = r.sequence + r.count
+        lane.batches.append(b)
 
     def _retry_due(self) -> bool:
         """A batch waiting for its retry time can be sent now (its lane and node allow it)."""
@@ -192,11 +226,17 @@ class Producer:
         """The lane's batches to send now, in order."""
         if not lane.batches:
             return []
-        if not lane.known or lane.serial:
-            first = lane.batches[0]
+        first = lane.batches[0]
+        if not lane.known or lane.serial or first.alone:
             return [first] if lane.in_flight == 0 and not first.in_flight and first.retry_at <= now else []
         room = lane.window - lane.in_flight
-        return [b for b in lane.batches if not b.in_flight][:max(0, room)]   # (waiting ones follow those in flight)
+        out = []
+        for b in lane.batches:          # (waiting ones follow those in flight)
+            if b.alone:
+                break                    # a new run waits for everything before it
+            if not b.in_flight:
+                out.append(b)
+        return out[:max(0, room)]
 
     def _dispatch(self) -> None:
         now = time.monotonic()
@@ -257,6 +297,7 @@ class Producer:
                 continue
             if not isinstance(res, RmqError):
                 lane.batches.remove(b)
+                b.alone = False
                 if current:                    # (a batch of an id the lane left says nothing of the new one)
                     lane.known = True
                     lane.window = min(LANE_IN_FLIGHT, lane.window + 1)
@@ -280,8 +321,9 @@ class Producer:
 
     def _fail_lane(self, lane: _Lane, first: _Batch, error: BaseException) -> None:
         """``first`` failed for good: it and every later batch of the lane fail, and the
-        lane starts over under a new producer id (its first batch goes alone). A later
-        batch still in flight keeps its own answer: stored if the node says so."""
+        lane starts over under a new producer id (its first batch goes alone; the
+        caller's own id stays, and its next batch goes alone). A later batch still in
+        flight keeps its own answer: stored if the node says so."""
         batches = list(lane.batches)
         doomed = batches[batches.index(first):] if first in batches else [first]
         for b in doomed:
@@ -296,7 +338,10 @@ class Producer:
             else:
                 self._resolve(b, why)
         lane.batches = collections.deque(b for b in lane.batches if b not in doomed or b.in_flight)
-        lane.producer_id, lane.next_sequence, lane.known, lane.serial = self._lane_id(), 0, False, False
+        if lane.explicit:
+            lane.next_sequence, lane.known, lane.serial = -1, False, False
+        else:
+            lane.producer_id, lane.next_sequence, lane.known, lane.serial = self._lane_id(), 0, False, False
 
     def _resolve(self, b: _Batch, result) -> None:
         if isinstance(result, BaseException):

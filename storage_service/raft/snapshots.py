@@ -18,6 +18,7 @@ from pysyncobj.node import TCPNode
 
 from . import membership
 from ._pysyncobj import MEMBERSHIP
+from ..log.durability import fsync_dir
 
 __all__ = ["SnapshotFiles"]
 
@@ -108,6 +109,28 @@ class SnapshotFiles:
         self.set_applied(last[1], commit)
         j.setRaftCommitIndex(commit)
         self._load_members()
+
+    def snapshot_at_stop(self) -> bool:
+        """On a graceful stop (the loop stopped: nothing ticks), write a snapshot of
+        everything applied, as a log compaction would; False when there is nothing new.
+
+        A restart then replays nothing, and a data group's queues stay closed until
+        used: replaying a journal of first appends to 100,000 queues opened every
+        one of them again before the node served (68 s, issue 39.5). The journal
+        is left as it is: loading the snapshot drops the entries it covers."""
+        applied, j = self.raftLastApplied, self.journal
+        if not len(j) or applied <= self.snapshot_index + 1:
+            return False
+        first = j[0][1]
+        if applied - 1 < first or applied > j[-1][1]:
+            return False
+        last, prev = j[applied - first], j[applied - 1 - first]
+        cluster = {TCPNode(a) for a in [self.selfNode.address] + [n.address for n in self.otherNodes]}
+        tmp = self.snapshot_path + ".tmp"
+        self._write_snapshot(tmp, (last, prev, cluster))
+        os.replace(tmp, self.snapshot_path)
+        fsync_dir(os.path.dirname(os.path.abspath(self.snapshot_path)))
+        return True
 
     def _peek_snapshot(self) -> tuple[int, int]:
         """(index, term) of the last entry a snapshot file covers."""
