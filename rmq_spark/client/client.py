@@ -30,6 +30,7 @@ from storage_service.protocol.placement import GRPC_OPTIONS, group_of, produce_a
 from storage_service.protocol.tls import TlsFiles, channel_credentials, client_context, wants_client_certificate
 
 from ._admin import AdminCalls
+from ._kv import KvCalls, KvEntry
 from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb
 from ._produce_sender import ProduceSender
 from ._producer import Producer
@@ -60,7 +61,7 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[str]:
     return out
 
 
-class Client(AdminCalls, SecurityCalls):
+class Client(AdminCalls, SecurityCalls, KvCalls):
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
                  producer_id: str | None = None, attempt_timeout: float = 5.0,
                  produce_port: bool = True, tls: TlsFiles | None = None, token: str | None = None):

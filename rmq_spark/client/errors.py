@@ -17,7 +17,7 @@ from storage_service.protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_MET
 __all__ = ["RmqError", "InvalidArgument", "NotFound", "AlreadyExists", "OutOfRange",
            "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "TlsRefused",
-           "Aborted", "OutOfOrderSequence",
+           "Aborted", "OutOfOrderSequence", "KvConflict",
            "from_status", "from_rpc_error", "TOKEN_HINT"]
 
 # Where a valid token comes from, named in every UNAUTHENTICATED error the client raises.
@@ -108,6 +108,20 @@ class OutOfOrderSequence(Aborted):
     retriable = True
 
 
+class KvConflict(Aborted):
+    """A key-value write's condition failed (``if_revision``/``if_absent``): nothing was
+    stored. ``current_revision``: the key's live revision, or None if it has none."""
+
+    def __init__(self, message: str, code=None):
+        super().__init__(message, code)
+        tail = message.rsplit("current revision ", 1)[-1].split()[0] if "current revision " in message else ""
+        try:
+            rev = int(tail)
+        except ValueError:
+            rev = -1
+        self.current_revision = rev if rev >= 0 else None
+
+
 class DeadlineExceeded(RmqError, TimeoutError):
     retriable = True
 
@@ -149,6 +163,8 @@ def from_status(code: grpc.StatusCode | int | None, details: str, leader: str | 
         return NotLeader(message, code, leader or None)
     if code == grpc.StatusCode.ABORTED and details.startswith("out of order"):
         return OutOfOrderSequence(message, code)
+    if code == grpc.StatusCode.ABORTED and details.startswith("kv conflict"):
+        return KvConflict(message, code)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_after:
         return Overloaded(message, code)
     return _BY_CODE.get(code, RmqError)(message, code)

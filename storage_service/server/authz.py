@@ -93,6 +93,8 @@ POLICY: dict[str, Callable | None] = {
     "Produce": _topic("produce"),
     "ProduceBatches": lambda r: sorted({("produce", "topic", b.topic) for b in r.batches}),
     "Fetch": _topic("consume"),
+    "KvPut": _topic("produce"),
+    "KvRead": _topic("consume"),
     "Offsets": _topic("describe"),           # (its group is the raft group asked)
     "OffsetForTimestamp": _topic("describe"),
     "CommitOffsets": lambda r: [("consume", "group", r.consumer_group), ("consume", "topic", r.topic)],

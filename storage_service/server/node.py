@@ -397,7 +397,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         return self.wait_produce(*self.submit_produce(cfg, queue, block, count, producer, seq))
 
     def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
-                       seq: int, in_order: bool = False) -> tuple[int, Future]:
+                       seq: int, in_order: bool = False, condition: tuple | None = None) -> tuple[int, Future]:
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
         A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
         g = self.group_of(cfg["name"], queue, cfg)
@@ -409,7 +409,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         if waiting + len(block) > self.config.max_commit_backlog and waiting:
             raise Backlog(g, waiting, self.config.max_commit_backlog)
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                           self.now_ms(), count, block, in_order and bool(producer))
+                           self.now_ms(), count, block, in_order and bool(producer), condition)
         fut = committer.submit(item, len(block))
         if self.metrics is not None:
             fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))

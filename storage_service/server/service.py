@@ -30,6 +30,7 @@ from .errors import ServiceError, invalid
 from .node import StorageNode
 from .produce_port import ProduceWireServer
 from .guard import _guard
+from .kv import kv_put, kv_read
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_data_group, check_group,
                        check_queue,
                        check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
@@ -214,6 +215,15 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
                     topic=cfg["name"], queue=q, messages=part), timeout=30)
                 resp.results.extend(fwd.results)
         return resp
+
+    # --------------------------------------------------------- key-value
+    @_guard
+    def KvPut(self, request, context):
+        return kv_put(self.node, request)
+
+    @_guard
+    def KvRead(self, request, context):
+        return kv_read(self.node, request)
 
     # ------------------------------------------------------------------ fetch
     @_guard

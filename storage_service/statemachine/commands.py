@@ -50,9 +50,14 @@ class ProduceItem:
     # ``sequence`` is past the next one expected: a pipelined producer's batch must
     # not be stored before an earlier one that failed (see DataState._apply_batch).
     in_order: bool = False
+    # A key-value write's condition (issue 40, ``statemachine/kv.py``): ("absent",) or
+    # ("revision", N), decided at apply against the queue's key index; None: none.
+    condition: tuple | None = None
 
     def encode(self) -> tuple:
         head = (self.queue_dir, self.producer_id, self.sequence, self.store_ts, self.count, self.records)
+        if self.condition is not None:
+            return head + (self.in_order, self.condition)
         return head + (True,) if self.in_order else head      # wave 1's tuple when not in order
 
 

@@ -30,6 +30,7 @@ from ..log.queue_log import QueueLog
 from .queue_logs import QueueLogs
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
+from .kv import KV_CONFLICT, KvStore
 
 __all__ = ["CatchUpFailed", "DataState", "OUT_OF_ORDER", "apply_position", "queue_dir", "parse_queue_dir"]
 
@@ -89,6 +90,17 @@ class DataState:
         self.parked: dict[str, list] = {}    # qdir -> [(offset, wake)]: fetches waiting for data
         self._park_lock = threading.Lock()   # not self.lock: a queue's creation syncs directories under it
         self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
+        self._kv: KvStore | None = None               # opened when key-value is first used (kv.py)
+        self._kv_lock = threading.Lock()
+
+    @property
+    def kv(self) -> KvStore:
+        """The key-value view of this group's queues (``kv.py``), opened when first used."""
+        if self._kv is None:
+            with self._kv_lock:
+                if self._kv is None:
+                    self._kv = KvStore(self.root, self.queues.get)
+        return self._kv
 
     def _open(self, name: str) -> QueueLog:
         return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files,
@@ -118,6 +130,8 @@ class DataState:
         elif isinstance(cmd, Truncate):
             q = self.queue(cmd.queue_dir)
             res = q.truncate_prefix(cmd.offset) if q is not None else 0
+            if q is not None and self._kv is not None:
+                self._kv.truncated(cmd.queue_dir, q.earliest)
         elif isinstance(cmd, Drop):
             res = self._drop(cmd.queue_dir)
         elif cmd is not None:
@@ -207,9 +221,17 @@ class DataState:
         if position <= q.last_position:
             # Replay of a batch already in the segments (journal replay after
             # a restart): rebuild the dedupe entry, write nothing.
+            if item.condition is not None and position not in q.recent:
+                # Not among the last segment's batches: refused when first applied
+                # (a conflict stores nothing), or too old to tell: not remembered.
+                return (KV_CONFLICT, -1)
             base, ts = q.recent.get(position, (-1, store_ts))
         else:
             base, ts = q.next_offset, max(store_ts, q.last_ts)
+            if item.condition is not None:       # a key-value write's condition (kv.py)
+                conflict = self.kv.decide(qname, q, item.condition, item.records, count, ts)
+                if conflict is not None:
+                    return conflict              # nothing stored, nothing remembered
             parts = framing.frame_parts(base, ts, count, position, item.records)
             size = sum(map(len, parts))
             q.append(parts, framing.BatchHeader(0, size, base, ts, count, position, base + count - 1))
@@ -250,6 +272,8 @@ class DataState:
             return 0
         q.close()
         shutil.rmtree(q.path, ignore_errors=True)
+        if self._kv is not None:
+            self._kv.dropped(qname)
         return 1
 
     def sync(self) -> None:
@@ -273,6 +297,8 @@ class DataState:
     def close(self) -> None:
         for q in list(self.queues.values()):
             q.close()
+        if self._kv is not None:
+            self._kv.close()
 
     # --------------------------------------------------------------- snapshot
     def manifest(self) -> dict:

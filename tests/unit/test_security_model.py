@@ -499,6 +499,8 @@ REQUESTS = {
     "Produce": (rmq_pb2.ProduceRequest(topic="t"), "produce", TOPIC),
     "ProduceBatches": (rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")]), "produce", TOPIC),
     "Fetch": (rmq_pb2.FetchRequest(topic="t"), "consume", TOPIC),
+    "KvPut": (rmq_pb2.KvPutRequest(topic="t"), "produce", TOPIC),
+    "KvRead": (rmq_pb2.KvReadRequest(topic="t"), "consume", TOPIC),
     "Offsets": (rmq_pb2.OffsetsRequest(topic="t"), "describe", TOPIC),
     "OffsetForTimestamp": (rmq_pb2.OffsetForTimestampRequest(topic="t"), "describe", TOPIC),
     "CommitOffsets": (rmq_pb2.CommitOffsetsRequest(consumer_group="g", topic="t"), "consume", GROUP),

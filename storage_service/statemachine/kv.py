@@ -1,0 +1,164 @@
+"""Key-value semantics on a data group's compact queues (issue 40, RIP-22).
+
+A put is a produce of one keyed message to the key's queue; a delete, of a
+tombstone (a null value). A *revision* is the offset that message got: it only
+grows for a key (a key always lands in the same queue), and it names the
+message, so a get at a revision reads it back. A condition travels with the
+produce item (``ProduceItem.condition``) and is decided at apply, against the
+queue's key index brought up to the log's end (``kv_index.KvIndex``): every
+replica decides from the same log, so all decide alike.
+
+* ``("absent",)``: stored only if the key has no live value;
+* ``("revision", N)``: stored only if the key's live value is at revision N.
+
+A value put with a TTL carries its expiry (``EXPIRES_PROPERTY``, ms since the
+epoch, from the leader's clock at the produce). Past it the key reads as absent
+and a condition sees it absent; the leader then commits a delete conditioned on
+that revision (``expired``), so every replica's state says so too. Apply judges
+expiry by the entry's store time, never by a replica's own clock.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from ..log.queue_log import QueueLog
+from ..protocol import framing, records
+from .kv_index import KeyState, KvIndex
+
+__all__ = ["EXPIRES_PROPERTY", "KV_CONFLICT", "KvEntry", "KvStore", "keyed_rows"]
+
+EXPIRES_PROPERTY = "rmq.kv.expires"
+KV_CONFLICT = "kv_conflict"        # a produce result: (KV_CONFLICT, current revision or -1)
+_READ_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class KvEntry:
+    key: bytes
+    value: bytes | None            # None: a delete (history only)
+    revision: int
+    store_ts: int
+    expires_ms: int = 0
+
+
+def _expires(props: dict) -> int:
+    try:
+        return int(props.get(EXPIRES_PROPERTY, 0))
+    except ValueError:
+        return 0
+
+
+def keyed_rows(q: QueueLog, start: int, end: int) -> Iterator[tuple[int, bytes, bool, int]]:
+    """(offset, key, deleted, expires_ms) of every keyed message of ``q`` in [start, end)."""
+    at = max(start, q.earliest)
+    while at < end:
+        data = q.read(at, _READ_BYTES)
+        if not data:
+            return
+        nxt = at
+        for h, cols in framing.iter_blocks(data, deep_check=False):
+            nxt = max(nxt, h.last_offset + 1)
+            if h.last_offset < at:
+                continue
+            for delta, key, value, _tags, props, _born in records.iter_rows(cols):
+                off = h.base_offset + delta
+                if at <= off < end and key is not None:
+                    yield off, key, value is None, _expires(props)
+        if nxt <= at:
+            return
+        at = nxt
+
+
+class KvStore:
+    """The key-value view of one data group's queues (module doc)."""
+
+    def __init__(self, root: str, queue):
+        """``queue(name)``: the group's QueueLog of that name, or None."""
+        self.index = KvIndex(os.path.join(root, "kv-index.sqlite3"))
+        self._queue = queue
+
+    def _current(self, name: str, q: QueueLog) -> None:
+        """Index ``name`` up to its log's end."""
+        self.index.catch_up(name, q.earliest, q.next_offset, lambda start: keyed_rows(q, start, q.next_offset))
+
+    # ------------------------------------------------------------ apply
+    def decide(self, name: str, q: QueueLog, condition: tuple, block: bytes, count: int,
+               ts: int) -> tuple | None:
+        """None if a conditional write may be stored at store time ``ts``, else
+        ``(KV_CONFLICT, current revision or -1)``."""
+        cols = records.parse(block, count, check=False)
+        key = next(records.iter_rows(cols))[1]
+        self._current(name, q)
+        st = self.index.state(name, key) if key is not None else None
+        live = st is not None and st.live(ts)
+        ok = (not live) if condition[0] == "absent" else (live and st.revision == condition[1])
+        return None if ok else (KV_CONFLICT, st.revision if live else -1)
+
+    # ------------------------------------------------------------- reads
+    def state(self, name: str, key: bytes) -> KeyState | None:
+        q = self._queue(name)
+        if q is None:
+            return None
+        self._current(name, q)
+        return self.index.state(name, key)
+
+    def read(self, name: str, revision: int) -> KvEntry | None:
+        """The message at ``revision`` (an offset) of queue ``name``, if it is still there."""
+        q = self._queue(name)
+        if q is None or revision < q.earliest or revision >= q.next_offset:
+            return None
+        for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, _READ_BYTES),
+                                                                                   revision):
+            if off != revision or key is None:
+                return None
+            return KvEntry(key, value, off, ts, _expires(props))
+        return None
+
+    def get(self, name: str, key: bytes, now_ms: int, revision: int | None = None) -> KvEntry | None:
+        """The key's live value (or its value at ``revision``, which must be one of its
+        revisions still in the log: ``KeyError`` naming the oldest kept otherwise)."""
+        if revision is None:
+            st = self.state(name, key)
+            if st is None or not st.live(now_ms):
+                return None
+            return self.read(name, st.revision)
+        e = self.read(name, revision)
+        if e is None or e.key != key:
+            self.state(name, key)
+            oldest = self.index.oldest_revision(name, key)
+            raise KeyError(f"revision {revision} of key {key!r} is not in the log (compacted, cut by retention "
+                           f"or never one of its revisions); the oldest revision kept is "
+                           f"{'none' if oldest is None else oldest}")
+        return e
+
+    def history(self, name: str, key: bytes, limit: int = 1000) -> list[KvEntry]:
+        self.state(name, key)
+        out = []
+        for rev, _dead in self.index.history(name, key, limit):
+            e = self.read(name, rev)
+            if e is not None:
+                out.append(e)
+        return out
+
+    def keys(self, name: str, prefix: bytes, after: bytes | None, limit: int, now_ms: int) -> list[tuple[bytes, int]]:
+        q = self._queue(name)
+        if q is None:
+            return []
+        self._current(name, q)
+        return self.index.keys(name, prefix, after, limit, now_ms)
+
+    # ----------------------------------------------------- log changes
+    def dropped(self, name: str) -> None:
+        self.index.forget(name)
+
+    def truncated(self, name: str, earliest: int) -> None:
+        self.index.drop_revisions_below(name, earliest)
+
+    def rewritten(self, name: str) -> None:
+        """Compaction rewrote the queue's segments: index it again when next used."""
+        self.index.forget(name)
+
+    def close(self) -> None:
+        self.index.close()

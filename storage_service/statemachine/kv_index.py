@@ -1,0 +1,227 @@
+"""A data group's key index: key -> revision for its compact topics' queues (issue 40, RIP-22).
+
+Key-value state is read off the log. A key always lands in the same queue
+(``crc32(key) % queues``); its *revision* is the offset of the last message
+with that key in that queue, its value that message's value, and a null value
+(a tombstone) deletes it. So the state is a function of the queue's log, and
+every replica, holding the same log, decides a compare-and-set the same way.
+Revisions of a key only grow (offsets do), and a revision names one message:
+``get`` at a revision reads it.
+
+The index is derived data, kept on disk in SQLite (Python's own ``sqlite3``:
+a B-tree file that needs no server and no new dependency; WAL with
+``synchronous=NORMAL``: a commit is not synced, and a crash may lose the last
+ones but never leaves the file inconsistent). ``queues.next`` says up to
+which offset a queue's log is indexed; apply records every keyed message it
+appends, and ``catch_up`` brings a queue's rows in line with its log when
+they differ (a crash between the log write and the index write, either one
+lost with the page cache): behind, it reads the log from ``next``; ahead or
+unreadable, it drops the queue's rows and reads its whole log again. A file
+that cannot be opened is rebuilt the same way, queue by queue, when used.
+
+Tables: ``keys`` (the latest revision per key, live or deleted, and when a
+TTL makes it expire), ``revs`` (every revision still in the log: a key's
+history) and ``queues``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+__all__ = ["KeyState", "KvIndex", "prefix_end"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (q TEXT PRIMARY KEY, next INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (q TEXT NOT NULL, key BLOB NOT NULL, rev INTEGER NOT NULL,
+    dead INTEGER NOT NULL, expires INTEGER NOT NULL, PRIMARY KEY (q, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS revs (q TEXT NOT NULL, key BLOB NOT NULL, rev INTEGER NOT NULL,
+    dead INTEGER NOT NULL, PRIMARY KEY (q, key, rev)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS expiring ON keys (expires) WHERE expires > 0 AND dead = 0;
+"""
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """A key's latest message: its revision, whether it is a delete, and its expiry
+    (ms since the epoch, 0: none)."""
+    revision: int
+    deleted: bool
+    expires_ms: int
+
+    def live(self, now_ms: int) -> bool:
+        return not self.deleted and not (self.expires_ms and self.expires_ms <= now_ms)
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The first key after every key starting with ``prefix`` (None: no end)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+class KvIndex:
+    """The key index of one data group (module doc). Written by apply (one thread);
+    read by request threads: SQLite serialises them on one connection."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = self._connect()
+        self._fresh: set[str] = set()     # queues checked against their log since open
+
+    def _connect(self) -> sqlite3.Connection:
+        for attempt in (0, 1):
+            try:
+                db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                db.execute("SELECT count(*) FROM queues").fetchone()
+                return db
+            except sqlite3.DatabaseError as e:
+                if attempt:
+                    raise
+                log.warning("key index %s unreadable (%s): rebuilding it from the log", self.path, e)
+                for suffix in ("", "-wal", "-shm"):
+                    try:
+                        os.unlink(self.path + suffix)
+                    except FileNotFoundError:
+                        pass
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------ writes
+    def record(self, q: str, rows: Iterable[tuple[int, bytes, bool, int]], next_offset: int) -> None:
+        """Index an append to queue ``q``: ``(offset, key, deleted, expires_ms)`` per keyed
+        message, the log now ending at ``next_offset``."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                self._put_rows(q, rows)
+                db.execute("INSERT INTO queues (q, next) VALUES (?, ?) ON CONFLICT (q) DO UPDATE "
+                           "SET next = excluded.next", (q, next_offset))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _put_rows(self, q: str, rows: Iterable[tuple[int, bytes, bool, int]]) -> None:
+        db = self._db
+        for off, key, dead, expires in rows:
+            db.execute("INSERT INTO keys (q, key, rev, dead, expires) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT (q, key) DO UPDATE SET rev = excluded.rev, dead = excluded.dead, "
+                       "expires = excluded.expires WHERE excluded.rev > keys.rev",
+                       (q, key, off, int(dead), expires))
+            db.execute("INSERT OR IGNORE INTO revs (q, key, rev, dead) VALUES (?, ?, ?, ?)",
+                       (q, key, off, int(dead)))
+
+    def indexed_to(self, q: str) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT next FROM queues WHERE q = ?", (q,)).fetchone()
+        return None if row is None else row[0]
+
+    def catch_up(self, q: str, earliest: int, next_offset: int,
+                 scan: "callable[[int], Iterator[tuple[int, bytes, bool, int]]]") -> int:
+        """Bring ``q``'s rows in line with its log ``[earliest, next_offset)``; ``scan(start)``
+        yields its keyed messages from ``start``. Returns how many messages were read."""
+        with self._lock:
+            at = self.indexed_to(q)
+            if at == next_offset:
+                self._fresh.add(q)
+                return 0
+            if at is None or at > next_offset or at < earliest:
+                self.forget(q)
+                at = earliest
+            rows = list(scan(at))
+            self.record(q, rows, next_offset)
+            self._fresh.add(q)
+            if rows:
+                log.info("key index: queue %s indexed from offset %d (%d keyed messages)", q, at, len(rows))
+            return len(rows)
+
+    def checked(self, q: str) -> bool:
+        """Whether ``q`` was checked against its log since this index was opened."""
+        return q in self._fresh
+
+    def forget(self, q: str) -> None:
+        """Drop a queue's rows (a dropped queue, or one to index again)."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN")
+            for table in ("keys", "revs", "queues"):
+                db.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
+            db.execute("COMMIT")
+            self._fresh.discard(q)
+
+    def drop_revisions_below(self, q: str, earliest: int) -> None:
+        """Retention moved the queue's start: revisions below it are gone from the log."""
+        with self._lock:
+            self._db.execute("DELETE FROM revs WHERE q = ? AND rev < ?", (q, earliest))
+            self._db.execute("DELETE FROM keys WHERE q = ? AND rev < ?", (q, earliest))
+
+    def keep_revisions(self, q: str, below: int, kept: set[int]) -> None:
+        """Compaction rewrote the queue below ``below``: of the revisions there only
+        ``kept`` are still in the log."""
+        with self._lock:
+            db = self._db
+            gone = [r for (r,) in db.execute("SELECT rev FROM revs WHERE q = ? AND rev < ?", (q, below))
+                    if r not in kept]
+            db.execute("BEGIN")
+            db.executemany("DELETE FROM revs WHERE q = ? AND rev = ?", [(q, r) for r in gone])
+            db.executemany("DELETE FROM keys WHERE q = ? AND rev = ?", [(q, r) for r in gone])
+            db.execute("COMMIT")
+
+    # ------------------------------------------------------------- reads
+    def state(self, q: str, key: bytes) -> KeyState | None:
+        with self._lock:
+            row = self._db.execute("SELECT rev, dead, expires FROM keys WHERE q = ? AND key = ?",
+                                   (q, key)).fetchone()
+        return None if row is None else KeyState(row[0], bool(row[1]), row[2])
+
+    def history(self, q: str, key: bytes, limit: int = 1000) -> list[tuple[int, bool]]:
+        """(revision, deleted) of the key's revisions still in the log, oldest first."""
+        with self._lock:
+            return [(r, bool(d)) for r, d in self._db.execute(
+                "SELECT rev, dead FROM revs WHERE q = ? AND key = ? ORDER BY rev LIMIT ?", (q, key, limit))]
+
+    def oldest_revision(self, q: str, key: bytes) -> int | None:
+        with self._lock:
+            row = self._db.execute("SELECT min(rev) FROM revs WHERE q = ? AND key = ?", (q, key)).fetchone()
+        return row[0]
+
+    def keys(self, q: str, prefix: bytes = b"", after: bytes | None = None, limit: int = 1000,
+             now_ms: int = 0) -> list[tuple[bytes, int]]:
+        """(key, revision) of live keys of ``q`` starting with ``prefix``, in key order,
+        after ``after`` (paging)."""
+        low = max(prefix, after + b"\x00") if after is not None else prefix
+        end = prefix_end(prefix)
+        sql = "SELECT key, rev FROM keys WHERE q = ? AND key >= ? AND dead = 0 AND (expires = 0 OR expires > ?)"
+        args: list = [q, low, now_ms]
+        if end is not None:
+            sql += " AND key < ?"
+            args.append(end)
+        sql += " ORDER BY key LIMIT ?"
+        args.append(limit)
+        with self._lock:
+            return [(bytes(k), r) for k, r in self._db.execute(sql, args)]
+
+    def expired(self, now_ms: int, limit: int = 1000) -> list[tuple[str, bytes, int]]:
+        """(queue, key, revision) of live keys whose TTL ran out by ``now_ms``."""
+        with self._lock:
+            return [(q, bytes(k), r) for q, k, r in self._db.execute(
+                "SELECT q, key, rev FROM keys WHERE expires > 0 AND dead = 0 AND expires <= ? LIMIT ?",
+                (now_ms, limit))]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,115 @@
+"""Key-value on compact topics (issue 40, RIP-22) on a real 3-node cluster: put, get (latest and
+at a revision), compare-and-set, delete, keys by prefix, history; conflicts carry the current
+revision; bad input and non-compact topics are refused naming what is wrong; concurrent
+compare-and-set increments across a leader kill lose no update."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from rmq_spark.client import Client, FailedPrecondition, InvalidArgument, KvConflict, OutOfRange
+
+from .test_produce_wire import _leader_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def kv(cluster):
+    with Client(cluster.endpoints, timeout=60) as c:
+        c.create_topic("cfg", queues=4, cleanup_policy="compact")
+        c.create_topic("plain", queues=1)
+        yield cluster, c
+
+
+def test_put_get_compare_and_set_delete(kv):
+    _, c = kv
+    r1 = c.kv_put("cfg", "app/db", b"postgres://a", if_absent=True)
+    with pytest.raises(KvConflict) as e:
+        c.kv_put("cfg", "app/db", b"other", if_absent=True)
+    assert e.value.current_revision == r1 and "app/db" in str(e.value)
+    with pytest.raises(KvConflict) as e:
+        c.kv_put("cfg", "app/db", b"stale", if_revision=r1 + 100)
+    assert e.value.current_revision == r1
+    r2 = c.kv_put("cfg", "app/db", b"postgres://b", if_revision=r1)
+    assert r2 > r1
+    got = c.kv_get("cfg", "app/db")
+    assert (got.value, got.revision) == (b"postgres://b", r2)
+    assert c.kv_get("cfg", "app/db", revision=r1).value == b"postgres://a"
+    assert c.kv_get("cfg", "app/db", follower_ok=True) is not None
+    r3 = c.kv_delete("cfg", "app/db", if_revision=r2)
+    assert c.kv_get("cfg", "app/db") is None
+    assert [(h.revision, h.value) for h in c.kv_history("cfg", "app/db")] == \
+        [(r1, b"postgres://a"), (r2, b"postgres://b"), (r3, None)]
+    with pytest.raises(KvConflict) as e:
+        c.kv_put("cfg", "app/db", b"x", if_revision=r2)
+    assert e.value.current_revision is None            # deleted: no live revision
+    # a put is a message of the topic like any other: consumers read it
+    q = got.queue
+    assert any(r.key == b"app/db" for r in c.fetch("cfg", q, 0).records)
+
+
+def test_keys_by_prefix_across_queues(kv):
+    _, c = kv
+    for i in range(12):
+        c.kv_put("cfg", f"svc/{i:02d}", f"{i}".encode())
+    c.kv_put("cfg", "other", b"x")
+    keys = c.kv_keys("cfg", "svc/", page=2)
+    assert [k for k, _ in keys] == [f"svc/{i:02d}".encode() for i in range(12)]
+    assert c.kv_get("cfg", "svc/05").revision == dict(keys)[b"svc/05"]
+
+
+def test_bad_input_and_a_non_compact_topic_are_refused_naming_what_is_wrong(kv):
+    _, c = kv
+    with pytest.raises(InvalidArgument, match="key is empty"):
+        c.kv_put("cfg", b"", b"v")
+    with pytest.raises(InvalidArgument, match="the limit is 4096 bytes"):
+        c.kv_put("cfg", b"k" * 5000, b"v")
+    with pytest.raises(InvalidArgument, match="if_revision=-3 is negative"):
+        c.kv_put("cfg", "k", b"v", if_revision=-3)
+    with pytest.raises(InvalidArgument, match="give one condition"):
+        c.kv_put("cfg", "k", b"v", if_revision=1, if_absent=True)
+    with pytest.raises(FailedPrecondition, match="cleanup policy 'delete'.*--cleanup-policy compact"):
+        c.kv_put("plain", "k", b"v")
+    with pytest.raises(FailedPrecondition, match="compact topic"):
+        c.kv_get("plain", "k")
+    r = c.kv_put("cfg", "gone", b"1")
+    with pytest.raises(OutOfRange, match="oldest revision kept is"):
+        c.kv_get("cfg", "gone", revision=r + 1)
+
+
+def test_concurrent_increments_across_a_leader_kill_lose_no_update(kv):
+    """Compare-and-set increments of one counter from 4 threads while the counter's
+    leader is killed with SIGKILL and restarted: every increment that returned is
+    counted once, so the final value is the number of successful increments."""
+    cluster, c = kv
+    c.kv_put("cfg", "counter", b"0")
+    done = []
+    lock = threading.Lock()
+
+    def worker():
+        with Client(cluster.endpoints, timeout=60) as w:
+            for _ in range(15):
+                while True:
+                    cur = w.kv_get("cfg", "counter")
+                    try:
+                        w.kv_put("cfg", "counter", str(int(cur.value) + 1).encode(), if_revision=cur.revision)
+                        break
+                    except KvConflict:
+                        continue
+                with lock:
+                    done.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    q = c.kv_get("cfg", "counter").queue
+    victim = _leader_of(c, "cfg", q)
+    cluster.kill(victim, signal.SIGKILL)
+    cluster.start_node(victim)
+    for t in threads:
+        t.join(timeout=180)
+    assert not any(t.is_alive() for t in threads)
+    assert int(c.kv_get("cfg", "counter").value) == len(done) == 60

@@ -1,0 +1,157 @@
+"""Key-value semantics in the data state machine (issue 40: statemachine/kv.py, kv_index.py).
+
+Conditions are decided at apply from the queue's log, so replicas applying the same
+entries decide alike; the key index is derived data, rebuilt from the log when it is
+missing, damaged, behind or ahead."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from storage_service.protocol import records
+from storage_service.statemachine.commands import ProduceItem
+from storage_service.statemachine.data import DataState, queue_dir
+from storage_service.statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT
+from storage_service.statemachine.kv_index import prefix_end
+
+pytestmark = pytest.mark.unit
+
+Q = queue_dir("cfg", "inc1", 0)
+
+
+class Writer:
+    """Applies single-message produce items as raft entries, numbering them."""
+
+    def __init__(self, *states: DataState):
+        self.states = states
+        self.index = 0
+
+    def put(self, key: bytes, value: bytes | None, condition=None, ts: int = 1000, expires: int = 0,
+            qname: str = Q):
+        self.index += 1
+        props = [{EXPIRES_PROPERTY: str(expires)}] if expires else None
+        block = records.encode([value], [key], properties=props)
+        item = ProduceItem(qname, "", 0, ts, 1, block, False, condition).encode()
+        results = [st.apply(self.index, ("produce", [item]))[0] for st in self.states]
+        assert all(r == results[0] for r in results), results      # replicas decide alike
+        return results[0]
+
+
+@pytest.fixture
+def state(tmp_path):
+    s = DataState(str(tmp_path / "a"), fsync=False)
+    yield s
+    s.close()
+
+
+def rev(result) -> int:
+    assert result[0] != KV_CONFLICT, result
+    return result[0]
+
+
+def test_conditions_decide_from_the_log_and_revisions_are_offsets(state):
+    w = Writer(state)
+    r1 = rev(w.put(b"k", b"v1", ("absent",)))
+    assert w.put(b"k", b"again", ("absent",)) == (KV_CONFLICT, r1)
+    assert w.put(b"k", b"v2", ("revision", r1 + 7)) == (KV_CONFLICT, r1)
+    r2 = rev(w.put(b"k", b"v2", ("revision", r1)))
+    assert r2 > r1
+    assert state.kv.get(Q, b"k", now_ms=2000).value == b"v2"
+    assert state.kv.get(Q, b"k", now_ms=2000, revision=r1).value == b"v1"
+    # a delete is a tombstone under the same conditions; a deleted key is absent
+    assert w.put(b"k", None, ("revision", r1)) == (KV_CONFLICT, r2)
+    r3 = rev(w.put(b"k", None, ("revision", r2)))
+    assert state.kv.get(Q, b"k", now_ms=2000) is None
+    assert w.put(b"k", b"v3", ("revision", r3)) == (KV_CONFLICT, -1)    # no live value to match
+    r4 = rev(w.put(b"k", b"v3", ("absent",)))
+    assert [(e.revision, e.value) for e in state.kv.history(Q, b"k")] == \
+        [(r1, b"v1"), (r2, b"v2"), (r3, None), (r4, b"v3")]
+
+
+def test_a_conflict_stores_nothing(state):
+    w = Writer(state)
+    rev(w.put(b"a", b"1", ("absent",)))
+    before = state.queue(Q).next_offset
+    assert w.put(b"a", b"2", ("absent",))[0] == KV_CONFLICT
+    assert state.queue(Q).next_offset == before
+
+
+def test_two_replicas_agree_and_plain_keyed_produces_count_as_puts(tmp_path):
+    a, b = DataState(str(tmp_path / "a"), fsync=False), DataState(str(tmp_path / "b"), fsync=False)
+    try:
+        w = Writer(a, b)
+        w.put(b"x", b"plain")                      # no condition: a put all the same
+        assert w.put(b"x", b"y", ("absent",))[0] == KV_CONFLICT
+        for i in range(20):
+            w.put(f"k{i % 4}".encode(), f"{i}".encode(), ("absent",) if i < 4 else None)
+        assert a.kv.keys(Q, b"k", None, 100, 0) == b.kv.keys(Q, b"k", None, 100, 0)
+        assert [k for k, _ in a.kv.keys(Q, b"", None, 100, 0)] == [b"k0", b"k1", b"k2", b"k3", b"x"]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ttl_expiry_is_judged_by_the_entrys_store_time(state):
+    w = Writer(state)
+    r = rev(w.put(b"t", b"short", ("absent",), ts=1000, expires=1500))
+    assert state.kv.get(Q, b"t", now_ms=1400).value == b"short"
+    assert state.kv.get(Q, b"t", now_ms=1500) is None
+    assert w.put(b"t", b"no", ("absent",), ts=1400) == (KV_CONFLICT, r)
+    assert rev(w.put(b"t", b"yes", ("absent",), ts=1600)) > r
+    assert state.kv.keys(Q, b"", None, 10, 1600) == [(b"t", r + 1)]
+
+
+def test_keys_by_prefix_are_paged_in_key_order(state):
+    w = Writer(state)
+    for name in [b"app/b", b"app/a", b"apq", b"app/c", b"ap", b"app\xff"]:
+        w.put(name, b"v")
+    first = state.kv.keys(Q, b"app/", None, 2, 0)
+    assert [k for k, _ in first] == [b"app/a", b"app/b"]
+    assert [k for k, _ in state.kv.keys(Q, b"app/", first[-1][0], 2, 0)] == [b"app/c"]
+    assert prefix_end(b"a\xff\xff") == b"b" and prefix_end(b"\xff") is None
+
+
+def test_the_index_is_rebuilt_from_the_log_when_missing_damaged_or_behind(tmp_path):
+    root = str(tmp_path / "a")
+    st = DataState(root, fsync=False)
+    w = Writer(st)
+    revs = [rev(w.put(f"k{i}".encode(), f"v{i}".encode(), ("absent",))) for i in range(5)]
+    st.close()
+    # behind: keyed messages applied while the index was closed (another process's apply)
+    st = DataState(root, fsync=False)
+    w.states = (st,)
+    later = rev(w.put(b"k0", b"v0b"))           # no condition: the index is not even opened
+    st.close()
+    with open(os.path.join(root, "kv-index.sqlite3"), "r+b") as f:
+        f.write(b"garbage" * 100)               # damaged
+    for f in ("kv-index.sqlite3-wal", "kv-index.sqlite3-shm"):
+        if os.path.exists(os.path.join(root, f)):
+            os.unlink(os.path.join(root, f))
+    st = DataState(root, fsync=False)
+    try:
+        w.states = (st,)
+        assert w.put(b"k0", b"x", ("revision", revs[0])) == (KV_CONFLICT, later)
+        assert st.kv.get(Q, b"k3", now_ms=0).revision == revs[3]
+        os.unlink(os.path.join(root, "kv-index.sqlite3"))       # missing: a new file, indexed again
+    finally:
+        st.close()
+    st = DataState(root, fsync=False)
+    try:
+        assert st.kv.get(Q, b"k0", now_ms=0).value == b"v0b"
+    finally:
+        st.close()
+
+
+def test_retention_removes_old_revisions_and_a_get_there_names_the_oldest_kept(state):
+    w = Writer(state)
+    r1 = rev(w.put(b"k", b"1"))
+    r2 = rev(w.put(b"k", b"2"))
+    r3 = rev(w.put(b"k", b"3"))
+    state.kv.get(Q, b"k", now_ms=0)             # the index is open: it follows the truncation
+    w.index += 1
+    state.apply(w.index, ("truncate", Q, r3))
+    with pytest.raises(KeyError, match=f"oldest revision kept is {r3}"):
+        state.kv.get(Q, b"k", now_ms=0, revision=r2)
+    assert [e.revision for e in state.kv.history(Q, b"k")] == [r3]
+    assert r1 < r2 < r3
