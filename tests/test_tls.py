@@ -229,3 +229,19 @@ def test_a_tls_client_produces_batches_over_the_produce_port(secure):
                 got |= {bytes(r.value).rstrip(b".") for r in records}
                 offset = records[-1].offset + 1
         assert got == {f"{t}-{i}-{q}".encode() for t in range(4) for i in range(20) for q in range(4)}
+
+
+def test_a_pipelined_producer_over_tls(secure):
+    """``Client.producer`` (and with it ``rmq produce`` and the Spark sink) over TLS: the
+    node answers a pipelined connection's requests from a thread of its own, and those
+    answers must go out encrypted too (they went out in plaintext: every batch timed out)."""
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token, timeout=20) as c:
+        c.create_topic("tls-piped", queues=2)
+        with c.producer(max_in_flight=5) as p:
+            futures = [p.send("tls-piped", b % 2, [f"{b}".encode()]) for b in range(40)]
+            p.flush(timeout=60)
+        assert [f.result().base_offset for f in futures] == [b // 2 for b in range(40)]
+        assert p.peak_in_flight >= 1
+        for q in range(2):
+            assert [r.value for r in c.fetch("tls-piped", q, 0).records] == \
+                [f"{b}".encode() for b in range(q, 40, 2)]

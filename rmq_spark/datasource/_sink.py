@@ -16,15 +16,19 @@ with the same sequence, which the service would then drop (rows lost). Tails
 travel in the commit message instead and the driver sends them once Spark
 has accepted the task (``send_tails``).
 
-Calls to different queues run concurrently (``MAX_IN_FLIGHT``); calls to one
-queue are strictly sequential, as the service's duplicate check requires.
+A task sends through one pipelined producer (``Client.producer``,
+``send_block`` with the task's identity): up to ``MAX_IN_FLIGHT`` requests
+per node, and a queue's calls pipelined in sequence order (the node refuses
+one whose predecessor is not stored, so none is stored out of order; a
+call that starts the task's run on a queue goes alone). At most
+``MAX_PENDING`` calls wait for their answers at once (memory).
 """
 from __future__ import annotations
 
 import logging
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -43,7 +47,8 @@ __all__ = ["Tail", "TaskResult", "write_task", "send_tails"]
 log = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20        # per call; also bounds a tail (the service accepts 16 MiB)
 CHUNK_ROWS = 10_000          # per call (the service accepts 100,000 messages)
-MAX_IN_FLIGHT = 4
+MAX_IN_FLIGHT = 4            # requests per node (the producer's max_in_flight)
+MAX_PENDING = 16             # calls sent and not yet answered, per task
 
 
 @dataclass
@@ -63,11 +68,10 @@ class TaskResult:
     tails: list[Tail] = field(default_factory=list)
 
 
-def _send(client: Client, topic: str, queue: int, batch: pa.RecordBatch, producer_id: str,
-          sequence: int) -> bool:
-    """One produce call of a pre-encoded block; True if it was a duplicate."""
-    return client.produce_block(topic, queue, encode_block(batch), batch.num_rows, producer_id,
-                                sequence).duplicate
+def _send(producer, topic: str, queue: int, batch: pa.RecordBatch, producer_id: str, sequence: int) -> Future:
+    """One produce call of a pre-encoded block; the future's result says if it was a duplicate."""
+    return producer.send_block(topic, queue, encode_block(batch), batch.num_rows, producer_id=producer_id,
+                               sequence=sequence)
 
 
 class _Lane:
@@ -78,7 +82,6 @@ class _Lane:
         self.pieces: list[pa.RecordBatch] = []
         self.rows = self.bytes = 0
         self.position = 0                 # rows of this lane already cut into calls
-        self.pending: Future | None = None
 
     def add(self, batch: pa.RecordBatch, sizes: np.ndarray) -> None:
         self.pieces.append(batch)
@@ -121,8 +124,8 @@ class _TaskWriter:
         self._topic_names: list[str] = []
         self.row_index = 0
         self.result = TaskResult()
-        self.pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="rmq-produce")
-        self.in_flight: list[tuple[_Lane, int, Future]] = []
+        self.producer = client.producer(max_in_flight=MAX_IN_FLIGHT)
+        self.in_flight: list[tuple[int, Future]] = []
 
     def queues_of(self, topic: str) -> int:
         if topic not in self.queue_counts:
@@ -202,25 +205,15 @@ class _TaskWriter:
 
     def _submit(self, lane: _Lane, calls: list[tuple[int, pa.RecordBatch]]) -> None:
         for position, rows in calls:
-            if lane.pending is not None:
-                self._wait(lane.pending)
-            while len(self.in_flight) >= MAX_IN_FLIGHT:
-                self._wait(self.in_flight[0][2])
+            while len(self.in_flight) >= MAX_PENDING:
+                self._wait_first()
             seq = (self.batch_id << 32) + position
-            fut = self.pool.submit(_send, self.client, lane.topic, lane.queue, rows,
-                                   self.producer_id, seq)
-            lane.pending = fut
-            self.in_flight.append((lane, rows.num_rows, fut))
+            self.in_flight.append((rows.num_rows, _send(self.producer, lane.topic, lane.queue, rows,
+                                                        self.producer_id, seq)))
 
-    def _wait(self, fut: Future) -> None:
-        dup = fut.result()                # a failed call fails the task: Spark retries it
-        for i, (lane, n, f) in enumerate(self.in_flight):
-            if f is fut:
-                del self.in_flight[i]
-                self._account(lane, n, dup)
-                break
-
-    def _account(self, lane: _Lane, n: int, dup: bool) -> None:
+    def _wait_first(self) -> None:
+        n, fut = self.in_flight.pop(0)
+        dup = fut.result().duplicate      # a failed call fails the task: Spark retries it
         r = self.result
         r.rows += n
         r.calls += 1
@@ -229,7 +222,7 @@ class _TaskWriter:
     def finish(self) -> TaskResult:
         """Wait for the calls in flight; hand the tails over for the driver."""
         while self.in_flight:
-            self._wait(self.in_flight[0][2])
+            self._wait_first()
         for lane in self.lanes.values():
             for position, rows in lane.cut(final=True):
                 seq = (self.batch_id << 32) + position
@@ -237,7 +230,7 @@ class _TaskWriter:
         return self.result
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.producer.close()             # (waits for calls still in flight after a failure)
 
 
 def send_tails(endpoints: str, work: list[tuple[str, Tail]],
@@ -247,11 +240,11 @@ def send_tails(endpoints: str, work: list[tuple[str, Tail]],
         return 0, 0
     client = Client(endpoints, tls=tls, token=token)
     try:
-        with ThreadPoolExecutor(8, thread_name_prefix="rmq-tails") as pool:
-            # each (producer, topic, queue) has one tail, so all of them may run at once
-            futs = [(t.rows.num_rows, pool.submit(_send, client, t.topic, t.queue, t.rows, pid,
-                                                  t.sequence)) for pid, t in work]
-            dups = sum(n for n, f in futs if f.result())
+        # each (producer, topic, queue) has one tail, so all of them may be in flight at once
+        with client.producer(max_in_flight=MAX_IN_FLIGHT) as producer:
+            futs = [(t.rows.num_rows, _send(producer, t.topic, t.queue, t.rows, pid, t.sequence))
+                    for pid, t in work]
+            dups = sum(n for n, f in futs if f.result().duplicate)
         return sum(n for n, _ in futs), dups
     finally:
         client.close()

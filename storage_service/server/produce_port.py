@@ -165,13 +165,14 @@ class ProduceWireServer:
 
     def _serve(self, conn: socket.socket) -> None:
         plain = conn
-        answers = _Answers(self, conn)
+        answers = None
         try:
             conn.settimeout(IDLE_SECONDS)    # a peer gone silent (crashed host) frees its slot
             if self._ssl is not None:
                 conn.settimeout(HANDSHAKE_SECONDS)
                 conn = TlsSocket(conn, self._ssl)     # big raw reads, records decrypted from memory
                 conn.settimeout(IDLE_SECONDS)
+            answers = _Answers(self, conn)           # (answers go out through TLS too)
             flags = check_hello(recv_exact(conn, HELLO.size))
             token = None
             if flags & FLAG_TOKEN:
@@ -224,7 +225,8 @@ class ProduceWireServer:
         except OSError:
             pass                             # the client went away, or idle past IDLE_SECONDS
         finally:
-            answers.close()                  # what is in flight is still answered, if it can be
+            if answers is not None:
+                answers.close()              # what is in flight is still answered, if it can be
             with self._lock:
                 self._conns.discard(plain)
             conn.close()
