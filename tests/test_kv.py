@@ -4,6 +4,7 @@ revision; bad input and non-compact topics are refused naming what is wrong; con
 compare-and-set increments across a leader kill lose no update."""
 from __future__ import annotations
 
+import json
 import signal
 import threading
 
@@ -113,3 +114,56 @@ def test_concurrent_increments_across_a_leader_kill_lose_no_update(kv):
         t.join(timeout=180)
     assert not any(t.is_alive() for t in threads)
     assert int(c.kv_get("cfg", "counter").value) == len(done) == 60
+
+
+def test_the_rmq_kv_cli(kv):
+    cluster, _ = kv
+    from .test_cli import rmq
+    r1 = int(rmq(cluster, "kv", "put", "cfg", "cli/a", "one", "--if-absent").stdout)
+    p = rmq(cluster, "kv", "put", "cfg", "cli/a", "two", "--if-absent", check=False)
+    assert p.returncode == 1 and f"key 'cli/a' is at revision {r1}; nothing was written" in p.stderr
+    r2 = int(rmq(cluster, "kv", "put", "cfg", "cli/a", "--if-revision", str(r1), stdin="two").stdout)
+    assert rmq(cluster, "kv", "get", "cfg", "cli/a").stdout == "two\n"
+    got = json.loads(rmq(cluster, "kv", "get", "cfg", "cli/a", "--revision", str(r1), "--json").stdout)
+    assert (got["value"], got["revision"]) == ("one", r1)
+    rmq(cluster, "kv", "put", "cfg", "cli/b", "x")
+    assert rmq(cluster, "kv", "keys", "cfg", "--prefix", "cli/").stdout == "cli/a\ncli/b\n"
+    int(rmq(cluster, "kv", "delete", "cfg", "cli/a", "--if-revision", str(r2)).stdout)
+    p = rmq(cluster, "kv", "get", "cfg", "cli/a", check=False)
+    assert p.returncode == 1 and "has no value" in p.stderr
+    hist = json.loads(rmq(cluster, "kv", "history", "cfg", "cli/a", "--json").stdout)
+    assert [(h["value"], h["deleted"]) for h in hist] == [("one", False), ("two", False), (None, True)]
+    p = rmq(cluster, "kv", "put", "plain", "k", "v", check=False)
+    assert p.returncode == 1 and "--cleanup-policy compact" in p.stderr
+
+
+def test_kv_over_http_with_if_match_and_if_none_match(kv):
+    import requests
+    from storage_service.protocol.placement import http_address
+    cluster, c = kv
+    base = f"http://{http_address(cluster.addresses[0])}/v1/kv/cfg"
+
+    def put(key, value, **headers):      # followed to the leader (307) by requests
+        return requests.put(f"{base}/{key}", json={"value": value}, headers=headers, timeout=30)
+    r = put("http/a", "one", **{"If-None-Match": "*"})
+    assert r.status_code == 200, r.text
+    rev = r.json()["revision"]
+    r = put("http/a", "again", **{"If-None-Match": "*"})
+    assert r.status_code == 412 and f"current revision {rev}" in r.json()["error"]["message"]
+    r = put("http/a", "two", **{"If-Match": str(rev + 50)})
+    assert r.status_code == 412
+    r = put("http/a", "two", **{"If-Match": str(rev)})
+    assert r.status_code == 200
+    got = requests.get(f"{base}/http/a", timeout=30).json()
+    assert got["value"] == "two" and got["revision"] == r.json()["revision"]
+    assert c.kv_get("cfg", "http/a").value == b"two"                  # the same key as the client's
+    assert requests.get(f"{base}/http/a?revision={rev}", timeout=30).json()["value"] == "one"
+    r = requests.delete(f"{base}/http/a", headers={"If-Match": str(rev)}, timeout=30)
+    assert r.status_code == 412
+    assert requests.delete(f"{base}/http/a", timeout=30).status_code == 200
+    r = requests.get(f"{base}/http/a", timeout=30)
+    assert r.status_code == 404 and "has no value" in r.json()["error"]["message"]
+    r = requests.put(f"{base}/x", json={"val": 1}, timeout=30)
+    assert r.status_code == 400 and "value" in r.text
+    r = put("x", "v", **{"If-Match": "abc"})
+    assert r.status_code == 400 and "If-Match" in r.text

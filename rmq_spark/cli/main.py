@@ -1,5 +1,5 @@
-"""rmq: topics, produce, consume, offsets, cluster status, tiering and compaction
-from the shell.
+"""rmq: topics, produce, consume, offsets, cluster status, tiering and compaction,
+key-value on compact topics, from the shell.
 
 Endpoints come from --endpoints or the RMQ_ENDPOINTS environment variable
 (host:port,host:port,...); a cluster with TLS takes --tls-ca (RMQ_TLS_CA), and
@@ -16,7 +16,7 @@ import sys
 
 from ..client import Client, RmqError, TlsFiles, parse_endpoints
 from ..fs import StoreError
-from . import _consume, _jobs, _produce, _security, _status, _topics
+from . import _consume, _jobs, _kv, _produce, _security, _status, _topics
 
 __all__ = ["main"]
 
@@ -25,7 +25,7 @@ CONNECT_SECONDS = 3.0
 COMMANDS = {"topic": _topics.cmd_topic, "produce": _produce.cmd_produce, "consume": _consume.cmd_consume,
             "offsets": _status.cmd_offsets, "cluster": _status.cmd_cluster, "tier": _jobs.cmd_tier,
             "compact": _jobs.cmd_compact, "get": _jobs.cmd_get, "principal": _security.cmd_principal,
-            "acl": _security.cmd_acl}
+            "acl": _security.cmd_acl, "kv": _kv.cmd_kv}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     _status.add_parsers(sub)
     _jobs.add_parsers(sub)
     _security.add_parsers(sub)
+    _kv.add_parser(sub)
     return p
 
 

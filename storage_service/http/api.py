@@ -13,6 +13,10 @@ route, so metrics, ACLs and errors read the same).
     GET    /v1/topics/{topic}/queues/{queue}/messages?offset=N&max=M   Fetch
     GET    /v1/consumer-groups/{group}/topics/{topic}/offsets          GetCommittedOffsets (+ lag)
     POST   /v1/consumer-groups/{group}/topics/{topic}/offsets          CommitOffsets {"offsets": {"0": N}}
+    GET    /v1/kv/{topic}/{key}?revision=N     KvRead        the key's value and revision (404: none)
+    PUT    /v1/kv/{topic}/{key}                KvPut         {"value": ...}; If-Match: REVISION, If-None-Match: *
+    DELETE /v1/kv/{topic}/{key}                KvPut         a delete; If-Match: REVISION
+    (a failed If-Match / If-None-Match is 412, naming the key's current revision)
 """
 from __future__ import annotations
 
@@ -25,9 +29,9 @@ from aiohttp import web
 from ..proto import rmq_pb2
 from ..protocol.fetch_wire import decode_fetch_response
 from ..server.dispatch import CallFailed
-from .convert import (INT32, BadRequest, int_param, int_value, message_json, messages_from_json, parse_into,
-                      records_json)
-from .server import HttpServer, json_body, json_response, parse_json
+from .convert import (INT32, INT64, BadRequest, _bytes_from, bytes_json, int_param, int_value, message_json,
+                      messages_from_json, parse_into, records_json)
+from .server import HttpServer, error_response, json_body, json_response, parse_json
 from .status import cluster_view
 
 __all__ = ["add_routes", "MAX_FETCH_MESSAGES"]
@@ -125,6 +129,51 @@ def add_routes(http: HttpServer) -> None:
             consumer_group=request.match_info["group"], topic=request.match_info["topic"], offsets=offsets))
         return json_response({"committed": {str(q): o for q, o in sorted(offsets.items())}})
 
+    def _kv_put_request(request, value: bytes, delete: bool) -> rmq_pb2.KvPutRequest:
+        req = rmq_pb2.KvPutRequest(topic=request.match_info["topic"], key=request.match_info["key"].encode(),
+                                   value=value, delete=delete)
+        match, none_match = request.headers.get("If-Match"), request.headers.get("If-None-Match")
+        if match is not None and none_match is not None:
+            raise BadRequest("If-Match", "give If-Match: REVISION or If-None-Match: *, not both")
+        if match is not None:
+            req.if_revision = int_value("If-Match", match.strip().strip('"'), 0, INT64)
+        if none_match is not None:
+            if none_match.strip() != "*":
+                raise BadRequest("If-None-Match", f"{none_match!r}: only * (the key has no live value)")
+            req.if_absent = True
+        return req
+
+    async def _kv_write(request, req) -> web.Response:
+        try:
+            resp = await http.call(request, "KvPut", req)
+        except CallFailed as e:
+            if e.code == grpc.StatusCode.ABORTED and e.details.startswith("kv conflict"):
+                return error_response(e.code, e.details, status=412)
+            raise
+        return json_response({"key": req.key.decode(), "revision": resp.revision, "duplicate": resp.duplicate})
+
+    async def kv_get(request):
+        req = rmq_pb2.KvReadRequest(topic=request.match_info["topic"], op=rmq_pb2.KvReadRequest.GET,
+                                    key=request.match_info["key"].encode())
+        if "revision" in request.query:
+            req.revision = int_param(request.query, "revision", 0, low=0, high=INT64)
+        resp = await http.call(request, "KvRead", req)
+        if not resp.entries:
+            return error_response(grpc.StatusCode.NOT_FOUND, f"key {request.match_info['key']!r} of topic "
+                                  f"{req.topic!r} has no value")
+        e = resp.entries[0]
+        return json_response({"key": bytes_json(e.key), "value": bytes_json(e.value), "revision": e.revision,
+                              "queue": e.queue, "store_timestamp": e.store_timestamp})
+
+    async def kv_put(request):
+        body = parse_json(await json_body(request))
+        if not isinstance(body, dict) or set(body) != {"value"}:
+            raise BadRequest("value", 'give {"value": "..."} (a string, or {"base64": "..."})')
+        return await _kv_write(request, _kv_put_request(request, _bytes_from("value", body["value"]), False))
+
+    async def kv_delete(request):
+        return await _kv_write(request, _kv_put_request(request, b"", True))
+
     r.add_get("/", status_page, name="StatusPage")
     r.add_get("/metrics", metrics, name="Metrics")
     r.add_get("/v1/status", status, name="Status")
@@ -137,6 +186,9 @@ def add_routes(http: HttpServer) -> None:
     r.add_get("/v1/topics/{topic}/queues/{queue}/messages", fetch, name="Fetch")
     r.add_get("/v1/consumer-groups/{group}/topics/{topic}/offsets", committed, name="GetCommittedOffsets")
     r.add_post("/v1/consumer-groups/{group}/topics/{topic}/offsets", commit, name="CommitOffsets")
+    r.add_get("/v1/kv/{topic}/{key:.+}", kv_get, name="KvRead")
+    r.add_put("/v1/kv/{topic}/{key:.+}", kv_put, name="KvPut")
+    r.add_delete("/v1/kv/{topic}/{key:.+}", kv_delete, name="KvDelete")
 
 
 def _produce_request(topic: str, raw: bytes, query_queue: int | None) -> rmq_pb2.ProduceRequest:
