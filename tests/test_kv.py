@@ -12,6 +12,7 @@ import pytest
 
 from rmq_spark.client import Client, FailedPrecondition, InvalidArgument, KvConflict, OutOfRange
 
+from .conftest import wait_until
 from .test_produce_wire import _leader_of
 
 pytestmark = pytest.mark.integration
@@ -167,3 +168,19 @@ def test_kv_over_http_with_if_match_and_if_none_match(kv):
     assert r.status_code == 400 and "value" in r.text
     r = put("x", "v", **{"If-Match": "abc"})
     assert r.status_code == 400 and "If-Match" in r.text
+
+
+def test_a_ttl_expires_the_value_and_the_leader_commits_its_delete(kv):
+    _, c = kv
+    r = c.kv_put("cfg", "session/1", b"alive", ttl_ms=300)
+    keep = c.kv_put("cfg", "session/2", b"stays")
+    # past its TTL the key reads as absent, and the leader's upkeep (every 0.5 s here)
+    # commits a delete conditioned on that revision: the history ends in it
+    wait_until(lambda: [h.value for h in c.kv_history("cfg", "session/1")] == [b"alive", None],
+               timeout=60, what="the expired key's delete committed")
+    assert c.kv_get("cfg", "session/1") is None
+    assert c.kv_history("cfg", "session/1")[0].revision == r
+    assert c.kv_get("cfg", "session/2").revision == keep
+    assert c.kv_put("cfg", "session/1", b"again", if_absent=True) > r
+    with pytest.raises(InvalidArgument, match="ttl_ms=-5"):
+        c.kv_put("cfg", "session/3", b"x", ttl_ms=-5)

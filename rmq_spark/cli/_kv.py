@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     cond = put.add_mutually_exclusive_group()
     cond.add_argument("--if-revision", type=int, help="only if the key's live value is at this revision")
     cond.add_argument("--if-absent", action="store_true", help="only if the key has no live value")
+    put.add_argument("--ttl", default="0", help="the value expires after this long, e.g. 30s or 1h (default: never)")
     get = ks.add_parser("get", help="a key's value (exit 1 if it has none)")
     get.add_argument("topic")
     get.add_argument("key")
@@ -61,8 +62,15 @@ def cmd_kv(client: Client, a) -> int:
         return 2
     try:
         if a.action == "put":
+            from ..units import parse_duration_ms
+            try:
+                ttl_ms = parse_duration_ms(a.ttl)
+            except ValueError as e:
+                print(f"rmq kv put: --ttl {a.ttl}: {e}", file=sys.stderr)
+                return 2
             value = a.value.encode() if a.value is not None else sys.stdin.buffer.read()
-            print(client.kv_put(a.topic, a.key, value, if_revision=a.if_revision, if_absent=a.if_absent))
+            print(client.kv_put(a.topic, a.key, value, if_revision=a.if_revision, if_absent=a.if_absent,
+                                ttl_ms=ttl_ms))
         elif a.action == "delete":
             print(client.kv_delete(a.topic, a.key, if_revision=a.if_revision))
         elif a.action == "get":

@@ -54,26 +54,27 @@ class KvCalls:
         return placed[0]
 
     def _kv_write(self, topic: str, key: bytes, value: bytes | None, if_revision: int | None,
-                  if_absent: bool, timeout: float | None) -> int:
+                  if_absent: bool, timeout: float | None, ttl_ms: int = 0) -> int:
         key = _key(key)
         q, group = self._kv_queue(topic, key)
         # The thread's producer id and the queue's next sequence (a thread waits for each
         # write, so they reach the node in order); a retry of this call keeps both.
         pid, seq = self._next_sequence(topic, q, 1)
         req = rmq_pb2.KvPutRequest(topic=topic, key=key, value=value or b"", delete=value is None,
-                                   if_absent=if_absent, producer_id=pid, sequence=seq)
+                                   if_absent=if_absent, producer_id=pid, sequence=seq, ttl_ms=ttl_ms)
         if if_revision is not None:
             req.if_revision = if_revision
         return self.call("KvPut", req, group=group, timeout=timeout).revision
 
     def kv_put(self, topic: str, key: bytes | str, value: bytes, *, if_revision: int | None = None,
-               if_absent: bool = False, timeout: float | None = None) -> int:
+               if_absent: bool = False, ttl_ms: int = 0, timeout: float | None = None) -> int:
         """Set ``key`` to ``value``; returns its new revision. ``if_revision``: only if the
         key's live value is at that revision; ``if_absent``: only if it has none
-        (else ``KvConflict``)."""
+        (else ``KvConflict``). ``ttl_ms``: the value expires that long after the leader
+        took it (it reads as absent, then the leader commits its delete)."""
         if value is None:
             raise ValueError("value is None: use kv_delete to delete a key")
-        return self._kv_write(topic, key, bytes(value), if_revision, if_absent, timeout)
+        return self._kv_write(topic, key, bytes(value), if_revision, if_absent, timeout, ttl_ms)
 
     def kv_delete(self, topic: str, key: bytes | str, *, if_revision: int | None = None,
                   timeout: float | None = None) -> int:

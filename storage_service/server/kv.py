@@ -19,11 +19,11 @@ from storage_service.proto import rmq_pb2
 
 from ..protocol import records
 from ..statemachine.data import queue_dir
-from ..statemachine.kv import KV_CONFLICT, KvEntry
+from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
 from .errors import ServiceError
 from .validate import check_block, check_topic_name, invalid
 
-__all__ = ["MAX_KEY_BYTES", "KvConflict", "kv_put", "kv_read"]
+__all__ = ["MAX_KEY_BYTES", "KvConflict", "expire_keys", "kv_put", "kv_read"]
 
 MAX_KEY_BYTES = 4096
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -71,8 +71,11 @@ def kv_put(node, request: rmq_pb2.KvPutRequest) -> rmq_pb2.KvPutResponse:
         raise invalid("if_revision and if_absent together: give one condition")
     if has_rev and request.if_revision < 0:
         raise invalid(f"if_revision={request.if_revision} is negative: revisions are offsets, 0 or more")
+    if request.ttl_ms < 0 or (request.ttl_ms and request.delete):
+        raise invalid(f"ttl_ms={request.ttl_ms}: give 0 (no expiry) or more, and none on a delete")
     condition = ("revision", request.if_revision) if has_rev else ("absent",) if request.if_absent else None
-    block = records.encode([None if request.delete else request.value], [request.key])
+    props = [{EXPIRES_PROPERTY: str(node.now_ms() + request.ttl_ms)}] if request.ttl_ms else None
+    block = records.encode([None if request.delete else request.value], [request.key], properties=props)
     check_block(node, cfg, records.parse(block, 1))
     queue = _queue_of(cfg, request.key)
     g, fut = node.submit_produce(cfg, queue, block, 1, request.producer_id, request.sequence,
@@ -126,3 +129,25 @@ def _store(node, cfg: dict, queue: int, allow_follower: bool):
     else:
         node.require_read_leader(g)
     return node.states[g].kv, queue_dir(cfg["name"], cfg["incarnation"], queue)
+
+
+def expire_keys(node, limit: int = 1000) -> int:
+    """On the data groups this node leads: commit a delete of every key whose TTL ran
+    out, conditioned on the revision that expired (a newer put stays). Returns how
+    many were deleted."""
+    from ..statemachine.data import parse_queue_dir
+    now, deleted = node.now_ms(), 0
+    for g, st in list(node.states.items()):
+        raft = node.groups.get(g)
+        if st._kv is None or raft is None or not raft.is_leader:
+            continue
+        for name, key, rev in st.kv.index.expired(now, limit):
+            topic, inc, queue = parse_queue_dir(name)
+            cfg = node.meta.topic(topic)
+            if cfg is None or cfg["incarnation"] != inc:
+                continue
+            block = records.encode([None], [key])
+            g2, fut = node.submit_produce(cfg, queue, block, 1, "", 0, condition=("expired", rev))
+            if node.wait_produce(g2, fut)[0] != KV_CONFLICT:
+                deleted += 1
+    return deleted

@@ -544,7 +544,10 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
 
 def _count_produced(metrics: NodeMetrics, nbytes: int, fut: Future) -> None:
     if not fut.cancelled() and fut.exception() is None:
-        _, count, _, duplicate = fut.result()
+        res = fut.result()
+        if isinstance(res[0], str):          # refused at apply (out of order, a key-value conflict)
+            return
+        _, count, _, duplicate = res
         if not duplicate:
             metrics.produced(count, nbytes)
 

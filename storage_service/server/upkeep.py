@@ -10,6 +10,7 @@ from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
 from ..log.retention import SegmentInfo, retention_cutoff
 from ..statemachine.commands import Drop, Truncate
 from ..statemachine.data import parse_queue_dir
+from .kv import expire_keys
 
 __all__ = ["Upkeep"]
 
@@ -30,6 +31,10 @@ class Upkeep:
                 self.compact_queues()
             except Exception:
                 log.exception("compaction pass failed")
+            try:
+                expire_keys(self)            # TTLs run out: committed deletes (server/kv.py)
+            except Exception:
+                log.exception("key expiry pass failed")
 
     def hand_over_when_full(self) -> int:
         """Below the disk reserve: hand each data group this node leads to the voter
@@ -98,6 +103,8 @@ class Upkeep:
                     continue
                 res = compact_queue(ql, policy, end)
                 self._compacted[name] = (settings, res)
+                if res.records_dropped and st._kv is not None:
+                    st._kv.rewritten(name)          # its key index reads the log again when used
                 dropped += res.records_dropped
         return dropped
 

@@ -9,7 +9,9 @@ queue's key index brought up to the log's end (``kv_index.KvIndex``): every
 replica decides from the same log, so all decide alike.
 
 * ``("absent",)``: stored only if the key has no live value;
-* ``("revision", N)``: stored only if the key's live value is at revision N.
+* ``("revision", N)``: stored only if the key's live value is at revision N;
+* ``("expired", N)``: the leader's delete of a value whose TTL ran out, stored
+  only if the key's latest message is still that put at revision N.
 
 A value put with a TTL carries its expiry (``EXPIRES_PROPERTY``, ms since the
 epoch, from the leader's clock at the produce). Past it the key reads as absent
@@ -93,7 +95,12 @@ class KvStore:
         self._current(name, q)
         st = self.index.state(name, key) if key is not None else None
         live = st is not None and st.live(ts)
-        ok = (not live) if condition[0] == "absent" else (live and st.revision == condition[1])
+        if condition[0] == "expired":        # the leader's delete of a value whose TTL ran out
+            ok = st is not None and not st.deleted and st.revision == condition[1]
+        elif condition[0] == "absent":
+            ok = not live
+        else:
+            ok = live and st.revision == condition[1]
         return None if ok else (KV_CONFLICT, st.revision if live else -1)
 
     # ------------------------------------------------------------- reads

@@ -155,3 +155,14 @@ def test_retention_removes_old_revisions_and_a_get_there_names_the_oldest_kept(s
         state.kv.get(Q, b"k", now_ms=0, revision=r2)
     assert [e.revision for e in state.kv.history(Q, b"k")] == [r3]
     assert r1 < r2 < r3
+
+
+def test_the_leaders_delete_of_an_expired_value_is_stored_only_over_that_revision(state):
+    w = Writer(state)
+    r = rev(w.put(b"t", b"v", ts=1000, expires=1500))
+    assert w.put(b"t", None, ("revision", r), ts=1600)[0] == KV_CONFLICT     # a client's: no live value
+    newer = rev(w.put(b"t2", b"v", ts=1000, expires=1500))
+    rev(w.put(b"t2", b"renewed", ts=1550))
+    assert w.put(b"t2", None, ("expired", newer), ts=1600)[0] == KV_CONFLICT   # renewed meanwhile
+    rev(w.put(b"t", None, ("expired", r), ts=1600))
+    assert state.kv.state(Q, b"t").deleted
