@@ -184,3 +184,38 @@ def test_a_ttl_expires_the_value_and_the_leader_commits_its_delete(kv):
     assert c.kv_put("cfg", "session/1", b"again", if_absent=True) > r
     with pytest.raises(InvalidArgument, match="ttl_ms=-5"):
         c.kv_put("cfg", "session/3", b"x", ttl_ms=-5)
+
+
+def test_watch_gives_a_snapshot_then_every_change_without_gaps(kv):
+    _, c = kv
+    c.kv_put("cfg", "w/a", b"1")
+    rb = c.kv_put("cfg", "w/b", b"1")
+    c.kv_put("cfg", "x/other", b"1")
+    watch = c.kv_watch("cfg", "w/")
+    snap = [next(watch), next(watch)]
+    assert [(e.key, e.value, e.snapshot) for e in snap] == [(b"w/a", b"1", True), (b"w/b", b"1", True)]
+    ra2 = c.kv_put("cfg", "w/a", b"2")
+    rc = c.kv_put("cfg", "w/c", b"1")
+    rd = c.kv_delete("cfg", "w/b")
+    c.kv_put("cfg", "x/other", b"2")                       # not under the prefix
+    got = sorted((e.key, e.value, e.revision) for e in [next(watch), next(watch), next(watch)])
+    assert got == [(b"w/a", b"2", ra2), (b"w/b", None, rd), (b"w/c", b"1", rc)]
+    watch.close()
+    # from a revision: every change at or after it (here, of one key's queue)
+    q = c.kv_get("cfg", "w/a").queue
+    replay = c.kv_watch("cfg", "w/a", from_revision=0)
+    seen = [next(replay) for _ in range(2)]
+    replay.close()
+    assert [e.value for e in seen] == [b"1", b"2"] and all(e.queue == q and not e.snapshot for e in seen)
+    assert rb < rd
+
+
+def test_rmq_kv_watch_prints_the_snapshot_and_changes(kv):
+    cluster, c = kv
+    from .test_cli import rmq
+    c.kv_put("cfg", "cw/1", b"a")
+    c.kv_put("cfg", "cw/1", b"b")
+    out = rmq(cluster, "kv", "watch", "cfg", "--prefix", "cw/", "--from-revision", "0", "--max", "2",
+              "--json").stdout
+    assert [(json.loads(line)["value"], json.loads(line)["type"]) for line in out.splitlines()] == \
+        [("a", "put"), ("b", "put")]

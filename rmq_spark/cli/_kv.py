@@ -41,6 +41,12 @@ def add_parser(sub) -> None:
     k.add_argument("topic")
     k.add_argument("--prefix", default="", help="only keys starting with this")
     k.add_argument("--json", action="store_true")
+    w = ks.add_parser("watch", help="live keys, then every change as it is committed (Ctrl-C stops)")
+    w.add_argument("topic")
+    w.add_argument("--prefix", default="", help="only keys starting with this")
+    w.add_argument("--from-revision", type=int, help="every change from this revision on, no snapshot")
+    w.add_argument("--max", type=int, default=0, help="stop after this many events (default: never)")
+    w.add_argument("--json", action="store_true", help="one JSON object per line")
     h = ks.add_parser("history", help="a key's revisions still in the log, oldest first")
     h.add_argument("topic")
     h.add_argument("key")
@@ -90,6 +96,24 @@ def cmd_kv(client: Client, a) -> int:
             else:
                 for k, _ in keys:
                     print(_text(k))
+        elif a.action == "watch":
+            if a.from_revision is not None and a.from_revision < 0:
+                print(f"rmq kv watch: --from-revision {a.from_revision}: revisions are 0 or more", file=sys.stderr)
+                return 2
+            events = client.kv_watch(a.topic, a.prefix, from_revision=a.from_revision)
+            try:
+                for n, ev in enumerate(events, 1):
+                    if a.json:
+                        print(json.dumps({"key": _text(ev.key), "value": _text(ev.value), "revision": ev.revision,
+                                          "queue": ev.queue, "type": "delete" if ev.value is None else "put",
+                                          "snapshot": ev.snapshot}), flush=True)
+                    else:
+                        what = "DELETE" if ev.value is None else f"PUT {_text(ev.value)}"
+                        print(f"{ev.revision}\t{_text(ev.key)}\t{what}", flush=True)
+                    if a.max and n >= a.max:
+                        break
+            finally:
+                events.close()
         elif a.action == "history":
             hist = client.kv_history(a.topic, a.key)
             if a.json:

@@ -2,7 +2,7 @@
 from ._types import FetchResult, Message, ProduceResult, QueueOffsets, Record
 from storage_service.protocol.tls import TlsFiles
 
-from ._kv import KvEntry
+from ._kv import KvEntry, KvEvent
 from ._producer import Producer
 from .client import Client, parse_endpoints
 from .errors import (Aborted, AlreadyExists, DeadlineExceeded, FailedPrecondition, InternalError,
@@ -13,4 +13,4 @@ __all__ = ["Client", "Producer", "TlsFiles", "parse_endpoints", "Message", "Reco
            "QueueOffsets", "RmqError", "InvalidArgument", "NotFound", "AlreadyExists",
            "OutOfRange", "ResourceExhausted", "Overloaded", "FailedPrecondition", "Unavailable", "NotLeader",
            "DeadlineExceeded", "InternalError", "PermissionDenied", "Unauthenticated", "TlsRefused",
-           "Aborted", "OutOfOrderSequence", "KvConflict", "KvEntry"]
+           "Aborted", "OutOfOrderSequence", "KvConflict", "KvEntry", "KvEvent"]

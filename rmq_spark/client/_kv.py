@@ -12,12 +12,17 @@ applied yet (a few milliseconds under load; more across a partition).
 """
 from __future__ import annotations
 
+import queue as queue_mod
+import threading
 import zlib
 from dataclasses import dataclass
+from typing import Iterator
 
 from storage_service.proto import rmq_pb2
 
-__all__ = ["KvCalls", "KvEntry"]
+__all__ = ["KvCalls", "KvEntry", "KvEvent"]
+
+WATCH_WAIT_MS = 1000            # each queue's long poll while a watch waits for changes
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,17 @@ class KvEntry:
     queue: int
     store_ts: int
     expires_ms: int = 0
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    """A watch's event: ``value`` None is a delete; ``snapshot`` marks the values a
+    watch started with (before the changes)."""
+    key: bytes
+    value: bytes | None
+    revision: int
+    queue: int
+    snapshot: bool = False
 
 
 def _key(key: bytes | str) -> bytes:
@@ -124,3 +140,75 @@ class KvCalls:
                     break
                 after = got[-1][0]
         return sorted(out)
+
+    # ------------------------------------------------------------------ watch
+    def kv_watch(self, topic: str, prefix: bytes | str = b"", *, from_revision: int | None = None,
+                 follower_ok: bool = False) -> Iterator[KvEvent]:
+        """Changes to keys starting with ``prefix``, as they are committed, with no gaps.
+
+        Without ``from_revision`` it starts with a snapshot (every live key, as
+        events with ``snapshot=True``), then the changes after it; with it, every
+        change at that revision or later, in every queue (a revision is an offset:
+        ``OutOfRange`` names the oldest one kept where retention cut the log there).
+        Per key, events come in revision order and none twice. A thread per queue
+        long-polls its leader; closing the iterator (or leaving a ``for``) stops them.
+        """
+        prefix = _key(prefix)
+        queues = self._kv_queues(topic)
+        starts, snapshot = [], []
+        for q in range(queues):
+            if from_revision is None:
+                entries, end = self._kv_snapshot(topic, q, prefix, follower_ok)
+                snapshot += [KvEvent(e.key, e.value, e.revision, q, True) for e in entries]
+                starts.append(end)
+            else:
+                starts.append(from_revision)
+        events: queue_mod.Queue = queue_mod.Queue(10_000)
+        stop = threading.Event()
+        threads = [threading.Thread(target=self._kv_follow, args=(topic, q, starts[q], prefix, events, stop),
+                                    name=f"kv-watch-{topic}-{q}", daemon=True) for q in range(queues)]
+        last: dict[bytes, int] = {}
+        try:
+            for ev in sorted(snapshot, key=lambda e: e.key):
+                last[ev.key] = ev.revision
+                yield ev
+            for t in threads:
+                t.start()
+            while True:
+                ev = events.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                if ev.revision <= last.get(ev.key, -1):
+                    continue                 # the snapshot had it already (a later page's newer value)
+                last[ev.key] = ev.revision
+                yield ev
+        finally:
+            stop.set()
+
+    def _kv_snapshot(self, topic: str, q: int, prefix: bytes, follower_ok: bool, page: int = 1000):
+        """A queue's live keys with their values, and the log end the first page reflects
+        (later pages may be newer: the watch's per-key revision check drops repeats)."""
+        out, after, end = [], None, None
+        while True:
+            req = rmq_pb2.KvReadRequest(op=rmq_pb2.KvReadRequest.KEYS, prefix=prefix, queue=q, limit=page,
+                                        values=True, topic=topic, allow_follower=follower_ok)
+            if after is not None:
+                req.after = after
+            resp = self.call("KvRead", req, group=self.group_of(topic, q))
+            end = resp.end if end is None else end
+            out += [_entry(e) for e in resp.entries]
+            if len(resp.entries) < page:
+                return out, end
+            after = resp.entries[-1].key
+
+    def _kv_follow(self, topic: str, q: int, offset: int, prefix: bytes, events, stop) -> None:
+        try:
+            while not stop.is_set():
+                res = self.fetch(topic, q, offset, wait_ms=WATCH_WAIT_MS)
+                for r in res.records:
+                    if r.key is not None and r.key.startswith(prefix):
+                        events.put(KvEvent(r.key, r.value, r.offset, q))
+                offset = max(offset, res.next_offset)
+        except BaseException as e:     # noqa: BLE001 - handed to the watching thread
+            if not stop.is_set():
+                events.put(e)

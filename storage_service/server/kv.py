@@ -103,9 +103,15 @@ def kv_read(node, request: rmq_pb2.KvReadRequest) -> rmq_pb2.KvReadResponse:
             raise invalid(f"queue {request.queue}: KEYS lists one queue, 0..{cfg['queues'] - 1}")
         store, name = _store(node, cfg, request.queue, request.allow_follower)
         after = request.after if request.HasField("after") else None
-        return rmq_pb2.KvReadResponse(entries=[
-            rmq_pb2.KvEntry(key=k, revision=r, queue=request.queue)
-            for k, r in store.keys(name, request.prefix, after, limit, now)])
+        keys, end = store.keys(name, request.prefix, after, limit, now)
+        resp = rmq_pb2.KvReadResponse(end=end)
+        for k, r in keys:
+            e = store.read(name, r) if request.values else None
+            if request.values and e is None:
+                continue                     # compacted since: a later revision is at or past `end`
+            resp.entries.add(key=k, revision=r, queue=request.queue, value=e.value if e else b"",
+                             store_timestamp=e.store_ts if e else 0, expires_ms=e.expires_ms if e else 0)
+        return resp
     _check_key(request.key)
     queue = _queue_of(cfg, request.key)
     store, name = _store(node, cfg, queue, request.allow_follower)

@@ -149,12 +149,15 @@ class KvStore:
                 out.append(e)
         return out
 
-    def keys(self, name: str, prefix: bytes, after: bytes | None, limit: int, now_ms: int) -> list[tuple[bytes, int]]:
+    def keys(self, name: str, prefix: bytes, after: bytes | None, limit: int,
+             now_ms: int) -> tuple[list[tuple[bytes, int]], int]:
+        """Live keys (``KvIndex.keys``) and the log end they reflect."""
         q = self._queue(name)
         if q is None:
-            return []
-        self._current(name, q)
-        return self.index.keys(name, prefix, after, limit, now_ms)
+            return [], 0
+        with self.index.lock:
+            self._current(name, q)
+            return self.index.keys(name, prefix, after, limit, now_ms), self.index.indexed_to(name) or 0
 
     # ----------------------------------------------------- log changes
     def dropped(self, name: str) -> None:

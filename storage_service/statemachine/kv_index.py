@@ -76,6 +76,7 @@ class KvIndex:
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.RLock()
+        self.lock = self._lock              # held across calls that must see one state
         self._db = self._connect()
         self._fresh: set[str] = set()     # queues checked against their log since open
 
