@@ -30,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "PAYLOAD_KINDS", "Counter", "make_payloads", "free_ports", "find_nats_server",
-    "install_nats_server", "nats_server_version", "ensure_nats_py", "NatsCluster",
+    "install_nats_server", "nats_server_version", "nats_server_with_sync", "ensure_nats_py", "NatsCluster",
     "SyncObjCeiling",
 ]
 
@@ -134,16 +134,47 @@ def ensure_nats_py() -> str:
     return version("nats-py")
 
 
+NATS_FOR_SYNC = "v2.15.2"        # sync_interval (every write synced) came in 2.10; Debian has 2.9
+
+
+def nats_server_with_sync(log=None) -> str:
+    """A ``nats-server`` that takes ``sync_interval: always``: the one found if it is
+    2.10 or newer, else ``NATS_FOR_SYNC`` built with ``go install`` from the Go module
+    proxy into ``bench/.peers/bin`` (once; a minute or two)."""
+    found = find_nats_server()
+    if found is not None:
+        import re
+        m = re.search(r"(\d+)\.(\d+)", nats_server_version(found))
+        if m and (int(m.group(1)), int(m.group(2))) >= (2, 10):
+            return found
+    gobin = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".peers", "bin")
+    binary = os.path.join(gobin, "nats-server")
+    if os.path.exists(binary):
+        return binary
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise RuntimeError("nats-server >= 2.10 is needed for synced writes (sync_interval), and there is "
+                           "no go command to build it: install Go, or put nats-server >= 2.10 on PATH")
+    if log is not None:
+        log.info("building nats-server %s with go install (once, into %s)", NATS_FOR_SYNC, gobin)
+    subprocess.run([go, "install", f"github.com/nats-io/nats-server/v2@{NATS_FOR_SYNC}"], check=True,
+                   env=dict(os.environ, GOBIN=gobin))
+    return binary
+
+
 def _nats_config(name: str, port: int, http: int, cluster: int,
-                 routes: list[int], store_dir: str) -> str:
+                 routes: list[int], store_dir: str, sync_always: bool = False) -> str:
+    """``sync_always``: JetStream fsyncs every write (``sync_interval: always``), as
+    ``--fsync always`` does; by default it syncs every 2 minutes."""
     route_urls = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in routes)
+    sync = "\n  sync_interval: always" if sync_always else ""
     return f"""
 server_name: {name}
 listen: 127.0.0.1:{port}
 http: 127.0.0.1:{http}
 jetstream {{
   store_dir: "{store_dir}"
-  max_file_store: 8GB
+  max_file_store: 8GB{sync}
 }}
 cluster {{
   name: bench
@@ -172,6 +203,7 @@ class NatsCluster:
     binary: str
     root: str
     nodes: int = 3
+    sync_always: bool = False
     client_ports: list[int] = field(default_factory=list)
     http_ports: list[int] = field(default_factory=list)
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -191,7 +223,7 @@ class NatsCluster:
             conf = os.path.join(self.root, f"{name}.conf")
             with open(conf, "w") as f:
                 f.write(_nats_config(name, self.client_ports[i], self.http_ports[i],
-                                     cluster_ports[i], routes, store))
+                                     cluster_ports[i], routes, store, self.sync_always))
             log = open(os.path.join(self.root, f"{name}.log"), "wb")
             self.procs.append(subprocess.Popen([self.binary, "-c", conf],
                                                stdout=log, stderr=subprocess.STDOUT))

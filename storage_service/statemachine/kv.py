@@ -116,8 +116,8 @@ class KvStore:
         q = self._queue(name)
         if q is None or revision < q.earliest or revision >= q.next_offset:
             return None
-        for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, _READ_BYTES),
-                                                                                   revision):
+        # (max_bytes 1: the one batch holding the revision, not a megabyte parsed per get)
+        for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, 1), revision):
             if off != revision or key is None:
                 return None
             return KvEntry(key, value, off, ts, _expires(props))
