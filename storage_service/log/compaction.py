@@ -15,7 +15,8 @@ A record at offset ``o < U`` is dropped when a later record with the same key
 exists below ``U``, or when it is a tombstone (null value) whose batch is
 older than ``delete-retention``: a reader starting from earliest then still
 sees every delete for that long. The last record of every segment is always
-kept, so a segment's offset range (and with it the queue's next offset after
+kept (and so is a tombstone of its key that follows it, however old: else the
+superseded record would read as the key's value again), so a segment's offset range (and with it the queue's next offset after
 a restart) never changes. Offsets of surviving records never change: a batch
 keeps its base offset and its records keep their offset deltas, so a batch
 can start with a gap, and fetches skip from one kept record to the next.
@@ -84,14 +85,24 @@ def compact_queue(ql: QueueLog, p: CompactionPolicy, end: int | None = None) -> 
     earliest = ql.earliest
     with ql.lock:
         segs = [s for s in ql.segments[:-1] if s.base < end and s.next_offset > earliest]
-    # Pass 1: the latest offset of every key below the cleanable end.
+    # Pass 1: the latest offset of every key below the cleanable end, and the keys of
+    # the records kept only because they end a segment.
     latest: dict[bytes, int] = {}
+    ends: list[tuple[bytes, int]] = []
     for seg in segs:
-        for h, cols in _segment_blocks(seg)[1]:
+        blocks = _segment_blocks(seg)[1]
+        for h, cols in blocks:
             offsets = (h.base_offset + cols.offset_delta.astype("int64")).tolist()
             for key, off in zip(_keys(cols), offsets):
                 if earliest <= off < end:
                     latest[key] = off
+        if blocks:
+            h, cols = blocks[-1]
+            ends.append((_keys(cols)[-1], h.base_offset + int(cols.offset_delta[-1])))
+    # A key whose older record stays (a segment's last) keeps its tombstone, however old:
+    # without it that record would read as the key's value again (a deleted key back,
+    # for a reader from earliest and for the key index rebuilt from the log).
+    pinned = {k for k, off in ends if latest.get(k, off) > off}
     # Pass 2: rewrite the segments that hold something to drop.
     expire_before = p.now_ms - p.delete_retention_ms
     rewritten = dropped = 0
@@ -109,7 +120,7 @@ def compact_queue(ql: QueueLog, p: CompactionPolicy, end: int | None = None) -> 
                 if off < earliest or off >= end or (bi == last_batch and i == cols.n - 1):
                     keep.append(i)
                 elif latest.get(key) == off:
-                    if nulls[i] and h.store_ts < expire_before:
+                    if nulls[i] and h.store_ts < expire_before and key not in pinned:
                         continue        # an expired tombstone: the delete is old news
                     if nulls[i]:
                         expiry = h.store_ts + p.delete_retention_ms

@@ -210,3 +210,21 @@ def test_a_replica_copies_a_compacted_log_with_its_gaps(tmp_path, log_of_updates
     with pytest.raises(ValueError, match="append at"):
         replica.append(frame, next(framing.iter_batches(frame)))
     replica.close()
+
+
+def test_an_expired_tombstone_stays_while_an_older_record_of_its_key_ends_a_segment(tmp_path):
+    """A segment's last record is always kept, superseded or not; if the key's expired
+    tombstone went too, that record would read as the key's value again (a deleted key
+    back from the dead, for a reader from earliest and for the KV index rebuilt from
+    the log)."""
+    q = QueueLog(str(tmp_path / "q"), segment_bytes=100)
+    old = b"old-value".ljust(80, b".")
+    _append(q, [(b"k", old)], ts=NOW - 30 * HOUR)                   # fills (and ends) its segment
+    _append(q, [(b"k", None)], ts=NOW - 29 * HOUR)                  # deleted
+    for i in range(4):
+        _append(q, [(b"f%d" % i, b"x" * 60)], ts=NOW - 28 * HOUR + i)
+    assert len(q.segments) >= 3
+    compact_queue(q, _policy(q.next_offset, delete_retention=24 * HOUR))
+    recs = _records(q)
+    assert q.segments[0].next_offset == 1 and (0, b"k", old) in recs    # a segment's last: kept
+    assert _latest(recs)[b"k"] == (1, None), "the delete must stay after the value it deletes"
