@@ -472,6 +472,31 @@ class QueueLog(SegmentSwaps):
 
         return self._in_segments(offset, None, in_segment)
 
+    def batch_at_position(self, position: int) -> tuple[int, int] | None:
+        """(base offset, store ts) of the batch applied at raft ``position``, or None
+        when the queue holds none (never stored, or compacted away). Positions grow
+        with offsets, so only the first segment whose last batch is at or past it is
+        read (its headers). For journal replay after a restart: the batches of the
+        last segment at open are in ``recent`` already."""
+        hit = self.recent.get(position)
+        if hit is not None:
+            return hit
+        with self.lock:
+            seg = next((sg for sg in self.segments if sg.last_position >= position), None)
+            if seg is None:
+                return None
+            try:
+                with open(seg.file("log"), "rb") as f:
+                    data = f.read(seg.size)
+            except FileNotFoundError:
+                return None
+        for h in framing.iter_batches(data, verify=False):
+            if h.apply_position == position:
+                return h.base_offset, h.store_ts
+            if h.apply_position > position:
+                return None
+        return None
+
     def store_ts_at(self, offset: int) -> int | None:
         """Store time of the batch holding ``offset``, from batch headers only (a few
         small reads from the sparse index's entry on); None when nothing is there."""

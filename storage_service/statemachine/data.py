@@ -221,11 +221,12 @@ class DataState:
         if position <= q.last_position:
             # Replay of a batch already in the segments (journal replay after
             # a restart): rebuild the dedupe entry, write nothing.
-            if item.condition is not None and position not in q.recent:
-                # Not among the last segment's batches: refused when first applied
-                # (a conflict stores nothing), or too old to tell: not remembered.
+            found = q.batch_at_position(position)
+            if found is None and item.condition is not None:
+                # Not in the log: refused when first applied (a conflict stores
+                # nothing), or compacted away since: not remembered.
                 return (KV_CONFLICT, -1)
-            base, ts = q.recent.get(position, (-1, store_ts))
+            base, ts = found or (-1, store_ts)
         else:
             base, ts = q.next_offset, max(store_ts, q.last_ts)
             if item.condition is not None:       # a key-value write's condition (kv.py)

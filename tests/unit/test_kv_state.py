@@ -167,3 +167,32 @@ def test_the_leaders_delete_of_an_expired_value_is_stored_only_over_that_revisio
     assert w.put(b"t2", None, ("expired", newer), ts=1600)[0] == KV_CONFLICT   # renewed meanwhile
     rev(w.put(b"t", None, ("expired", r), ts=1600))
     assert state.kv.state(Q, b"t").deleted
+
+
+def test_a_replayed_conditional_write_found_in_an_older_segment_answers_as_stored(tmp_path):
+    """Journal replay after a restart: a conditional write whose batch is in an older
+    segment (not the last one, scanned at open) is found by its apply position, so the
+    producer's dedupe entry comes back and a retry is answered with its revision (it was
+    answered a conflict, and a retry of an unconditional one got revision -1)."""
+    root = str(tmp_path / "a")
+
+    def item(ts, key, value, condition, seq):
+        return ProduceItem(Q, "p1", seq, ts, 1, records.encode([value], [key]), False, condition).encode()
+    first = ("produce", [item(1000, b"k", b"v1", ("absent",), 0)])
+    fillers = [("produce", [item(1000 + i, f"f{i}".encode(), b"x" * 100, None, i)]) for i in range(1, 6)]
+    st = DataState(root, fsync=False, segment_bytes=200)
+    stored = st.apply(1, first)[0]
+    for i, e in enumerate(fillers, 2):
+        st.apply(i, e)
+    assert len(st.queue(Q).segments) >= 3
+    st.close()
+    st = DataState(root, fsync=False, segment_bytes=200)          # restart: the journal replays
+    try:
+        assert st.apply(1, first)[0] == stored
+        for i, e in enumerate(fillers, 2):
+            st.apply(i, e)
+        retry = st.apply(9, ("produce", [item(2000, b"k", b"v1", ("absent",), 0)]))[0]
+        assert retry == (stored[0], 1, stored[2], True)             # the same write, once
+        assert st.kv.get(Q, b"k", now_ms=0).revision == stored[0]
+    finally:
+        st.close()
