@@ -159,6 +159,26 @@ def test_a_batch_that_fails_for_good_fails_the_later_ones_and_the_queue_goes_on(
         assert values in ([b"a", b"c"], [b"a", b"b", b"c"]), values
 
 
+def test_a_callers_identity_that_failed_for_good_refuses_later_batches(pcluster):
+    """send_block: once a batch of a (queue, producer id) failed for good, a later batch
+    of that identity is refused, not stored past the gap (the caller's retry, with the
+    same ids and sequences, would then take the missing batch for a duplicate)."""
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("fails-ids", queues=1)
+        with c.producer() as p:
+            ok = p.send_block("fails-ids", 0, encode([b"a"]), 1, producer_id="task-1", sequence=0)
+            ok.result(timeout=30)
+            bad = p.send_block("fails-ids", 0, encode([b"x" * (5 << 20)]), 1, producer_id="task-1", sequence=1)
+            with pytest.raises(ResourceExhausted):
+                bad.result(timeout=30)
+            later = p.send_block("fails-ids", 0, encode([b"b"]), 1, producer_id="task-1", sequence=2)
+            with pytest.raises(RmqError, match="had a batch fail for good .sequence 1.; later batches"):
+                later.result(timeout=30)
+            other = p.send_block("fails-ids", 0, encode([b"c"]), 1, producer_id="task-1-retry", sequence=0)
+            assert other.result(timeout=30).count == 1
+        assert read_all(c, "fails-ids", 0) == [b"a", b"c"]
+
+
 def test_a_leader_killed_mid_stream_loses_and_duplicates_nothing(pcluster):
     with Client(pcluster.endpoints, timeout=60) as c:
         c.create_topic("kill", queues=4)

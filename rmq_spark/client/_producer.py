@@ -23,7 +23,8 @@ checks). ``Producer`` does the same with our parts:
 numbers its own calls so that a retried task sends the same ones): a batch
 whose sequence does not follow its lane's last one starts a new run and goes
 alone (not ``in_order``), and a batch that fails for good fails the lane's
-later batches without a new id (the caller's retry resends them all).
+later batches, and every one sent for that identity afterwards, without a new
+id (the caller's retry resends them all).
 
 One thread (``producer-<id>``) sends, retries and completes the futures;
 ``send`` only queues. Futures' callbacks run on that thread.
@@ -79,6 +80,8 @@ class _Lane:
     producer_id: str
     next_sequence: int = 0
     explicit: bool = False         # the caller's identity (``send_block``): never renamed
+    failed: BaseException | None = None   # explicit: a batch failed for good; later ones fail at once
+    failed_at: int = -1
     known: bool = False            # a batch of this producer id was stored: pipelining is safe
     serial: bool = False           # retrying: one batch at a time until one is acknowledged
     batches: collections.deque = field(default_factory=collections.deque)
@@ -202,6 +205,14 @@ class Producer:
             lane = self._lanes[key] = _Lane(r.topic, r.queue, b.group, r.producer_id or self._lane_id(),
                                             next_sequence=-1 if explicit else 0, explicit=explicit)
         b.lane = lane
+        if lane.failed is not None:
+            # A batch of this identity failed for good: one sent after it would be stored
+            # past the gap, and the caller's retry (same ids and sequences) would then
+            # take the missing one for a duplicate. The caller starts over instead.
+            self._resolve(b, RmqError(f"{r.topic}/{r.queue}: producer {r.producer_id} had a batch fail for "
+                                      f"good (sequence {lane.failed_at}); later batches of it are refused: "
+                                      f"{lane.failed}"))
+            return
         if not explicit:
             r.producer_id, r.sequence = lane.producer_id, lane.next_sequence
         elif r.sequence != lane.next_sequence:
@@ -339,7 +350,7 @@ class Producer:
                 self._resolve(b, why)
         lane.batches = collections.deque(b for b in lane.batches if b not in doomed or b.in_flight)
         if lane.explicit:
-            lane.next_sequence, lane.known, lane.serial = -1, False, False
+            lane.failed, lane.failed_at = error, first.request.sequence
         else:
             lane.producer_id, lane.next_sequence, lane.known, lane.serial = self._lane_id(), 0, False, False
 

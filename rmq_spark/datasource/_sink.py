@@ -205,6 +205,9 @@ class _TaskWriter:
 
     def _submit(self, lane: _Lane, calls: list[tuple[int, pa.RecordBatch]]) -> None:
         for position, rows in calls:
+            for _, f in self.in_flight:          # a call failed: stop now (Spark retries the task)
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
             while len(self.in_flight) >= MAX_PENDING:
                 self._wait_first()
             seq = (self.batch_id << 32) + position
