@@ -219,3 +219,12 @@ def test_rmq_kv_watch_prints_the_snapshot_and_changes(kv):
               "--json").stdout
     assert [(json.loads(line)["value"], json.loads(line)["type"]) for line in out.splitlines()] == \
         [("a", "put"), ("b", "put")]
+
+
+def test_a_compact_topics_queue_count_cannot_grow(kv):
+    """A key's queue is crc32(key) % queues: more queues would send its next value
+    elsewhere (two live values, gets that miss)."""
+    _, c = kv
+    with pytest.raises(FailedPrecondition, match="growing it would move keys"):
+        c.alter_topic("cfg", queues=8)
+    assert c.describe_topic("cfg")["queues"] == 4

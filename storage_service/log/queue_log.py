@@ -92,21 +92,15 @@ class QueueLog(SegmentSwaps):
         self._earliest = max(self._earliest, self.segments[0].base)
 
     def _create(self, dirs: DirSyncs | None) -> None:
-        """A new queue: its directory and first segment's files, left open for the
-        first append (the fewest system calls: issue 39's first produce to fresh
-        queues). Both directories' new entries must survive a power loss: synced
-        here, or by ``dirs``'s owner before a snapshot covers this queue."""
+        """A new queue: its directory and first segment's (empty) files. Both
+        directories' new entries must survive a power loss: synced here, or by
+        ``dirs``'s owner before a snapshot covers this queue (issue 39: the syncs
+        held the first produce to fresh queues to 300-500 queues/s). The files are
+        closed again: an idle queue holds none (its first append opens them)."""
         os.makedirs(self.path, exist_ok=True)
         seg = Segment(0, self.path, 0, 0)
-        fds = []
-        try:
-            for ext in SEGMENT_FILES:
-                fds.append(os.open(seg.file(ext), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        self._wfd, self._ifd, self._tfd = fds
+        for ext in SEGMENT_FILES:
+            os.close(os.open(seg.file(ext), os.O_WRONLY | os.O_CREAT, 0o644))
         self.segments.append(seg)
         self._idx_since = self.index_interval
         if self.fsync_enabled:
@@ -116,7 +110,6 @@ class QueueLog(SegmentSwaps):
             else:
                 fsync_dir(parent)
                 fsync_dir(self.path)
-        self._note_files()
 
     def _read_earliest(self) -> int:
         try:

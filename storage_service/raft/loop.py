@@ -162,6 +162,11 @@ class RaftLoop:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def stopped(self) -> bool:
+        """The loop's thread has exited (``stop`` gives it 5 s): nothing ticks any more."""
+        return not self._thread.is_alive()
+
     # -------------------------------------------------------------- syncs
     def request_sync(self, group: "LoopGroup") -> None:
         """Sync the group's journal soon, then wake the loop (loop thread)."""

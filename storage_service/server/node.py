@@ -528,7 +528,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         for c in self.committers.values():
             c.stop()
         self.raft_loop.stop()
-        for g, raft in self.groups.items():
+        for g, raft in self.groups.items() if self.raft_loop.stopped else ():
             try:
                 raft.snapshot_at_stop()          # the restart replays nothing (snapshots.py)
             except Exception:

@@ -81,6 +81,13 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
             raise invalid(f"nothing to alter: give {', '.join(ALTERABLE[:-1])} or {ALTERABLE[-1]}")
         if "queues" in changes and changes["queues"] <= cfg["queues"]:
             raise invalid(queue_growth_error(cfg["name"], cfg["queues"], changes["queues"]))
+        if "queues" in changes and cfg["cleanup_policy"] == "compact":
+            # A key's queue is crc32(key) % queues: with more queues its next value would go
+            # to another queue than its current one (two live values, a get that misses it).
+            raise ServiceError(grpc.StatusCode.FAILED_PRECONDITION,
+                               f"queues={changes['queues']}: topic {cfg['name']!r} has cleanup policy compact, "
+                               f"and a key's queue is crc32(key) % queues: growing it would move keys "
+                               f"away from their values. Create a new topic with more queues and copy it")
         check_config(config_to_pb({**cfg, **changes}))
         if "queues" in changes:
             self.node.check_queue_budget(cfg["name"], changes["queues"] - cfg["queues"])

@@ -103,8 +103,9 @@ class Upkeep:
                     continue
                 res = compact_queue(ql, policy, end)
                 self._compacted[name] = (settings, res)
-                if res.records_dropped and st._kv is not None:
-                    st._kv.rewritten(name)          # its key index reads the log again when used
+                # (the key index is left as it is: compaction keeps every key's latest
+                # record and its tombstone, so no decision changes; history skips the
+                # revisions that went)
                 dropped += res.records_dropped
         return dropped
 

@@ -366,6 +366,10 @@ class DataState:
         for name in set(self.queues) | (self.queues.closed_names() - manifest["queues"].keys()):
             if name not in manifest["queues"] and self.queues[name].last_position < apply_position(index + 1, 0):
                 self._drop(name)
+        try:
+            self.dirs.sync()             # the queues created here: the journal no longer covers them
+        except OSError as e:
+            fatal(f"group data {self.root}: directory sync failed ({e})")
         self.producers = {
             n: collections.OrderedDict(
                 (p, collections.deque(map(tuple, b), maxlen=REMEMBERED_BATCHES)) for p, b in t.items())

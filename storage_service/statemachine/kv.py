@@ -82,8 +82,12 @@ class KvStore:
         self._queue = queue
 
     def _current(self, name: str, q: QueueLog) -> None:
-        """Index ``name`` up to its log's end."""
-        self.index.catch_up(name, q.earliest, q.next_offset, lambda start: keyed_rows(q, start, q.next_offset))
+        """Index ``name`` up to its log's end. The log's bounds are read under the index
+        lock: read before it, an end another thread indexed past meanwhile would look
+        like an index ahead of its log, and the queue would be read again from the start."""
+        with self.index.lock:
+            end = q.next_offset
+            self.index.catch_up(name, q.earliest, end, lambda start: keyed_rows(q, start, end))
 
     # ------------------------------------------------------------ apply
     def decide(self, name: str, q: QueueLog, condition: tuple, block: bytes, count: int,
@@ -165,10 +169,6 @@ class KvStore:
 
     def truncated(self, name: str, earliest: int) -> None:
         self.index.drop_revisions_below(name, earliest)
-
-    def rewritten(self, name: str) -> None:
-        """Compaction rewrote the queue's segments: index it again when next used."""
-        self.index.forget(name)
 
     def close(self) -> None:
         self.index.close()

@@ -79,6 +79,7 @@ class KvIndex:
         self.lock = self._lock              # held across calls that must see one state
         self._db = self._connect()
         self._fresh: set[str] = set()     # queues checked against their log since open
+        self._earliest: dict[str, int] = {}   # each queue's start when its rows were last cut to it
 
     def _connect(self) -> sqlite3.Connection:
         for attempt in (0, 1):
@@ -137,12 +138,16 @@ class KvIndex:
         yields its keyed messages from ``start``. Returns how many messages were read."""
         with self._lock:
             at = self.indexed_to(q)
+            if at is not None and self._earliest.get(q) != earliest:
+                self.drop_revisions_below(q, earliest)     # retention cut it meanwhile (closed, or a peer's)
+                self._earliest[q] = earliest
             if at == next_offset:
                 self._fresh.add(q)
                 return 0
             if at is None or at > next_offset or at < earliest:
                 self.forget(q)
                 at = earliest
+                self._earliest[q] = earliest
             rows = list(scan(at))
             self.record(q, rows, next_offset)
             self._fresh.add(q)
