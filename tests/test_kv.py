@@ -228,3 +228,80 @@ def test_a_compact_topics_queue_count_cannot_grow(kv):
     with pytest.raises(FailedPrecondition, match="growing it would move keys"):
         c.alter_topic("cfg", queues=8)
     assert c.describe_topic("cfg")["queues"] == 4
+
+
+def test_kv_calls_are_counted_by_method_and_outcome(kv):
+    """/metrics: rmq_requests_total{method="KvPut"|"KvRead", code=...} and their latency
+    histograms, like every call of the node."""
+    from .scrape import total
+    cluster, c = kv
+    before = total(cluster, "rmq_requests_total", method="KvPut", code="ABORTED")
+    reads = total(cluster, "rmq_requests_total", method="KvRead", code="OK")
+    r = c.kv_put("cfg", "metered", b"1")
+    with pytest.raises(KvConflict):
+        c.kv_put("cfg", "metered", b"2", if_revision=r + 1)
+    c.kv_get("cfg", "metered")
+    assert total(cluster, "rmq_requests_total", method="KvPut", code="ABORTED") - before == 1
+    assert total(cluster, "rmq_requests_total", method="KvRead", code="OK") - reads >= 1
+    assert total(cluster, "rmq_request_duration_seconds_count", method="KvPut") >= 2
+
+
+def test_one_register_is_linearizable_across_a_leader_kill(kv):
+    """4 clients read, write and compare-and-set one key while its leader is killed with
+    SIGKILL and restarted; the history (each call's start, end and answer, an unknown
+    outcome where a call failed) is checked by a single-register model
+    (tests/linearizable.py, Porcupine-style)."""
+    import random
+    import time as _time
+
+    from rmq_spark.client import RmqError
+
+    from .linearizable import Op, linearizable
+    cluster, c = kv
+    c.kv_put("cfg", "register", b"init")
+    history: list[Op] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        rng = random.Random(n)
+        with Client(cluster.endpoints, timeout=30) as w:
+            for i in range(25):
+                kind = rng.choice(["read", "write", "cas"])
+                t0 = _time.monotonic()
+                try:
+                    if kind == "read":
+                        e = w.kv_get("cfg", "register")
+                        op = Op(n, "read", None, e.value if e else None, t0, _time.monotonic())
+                    elif kind == "write":
+                        v = f"w{n}-{i}".encode()
+                        try:
+                            w.kv_put("cfg", "register", v)
+                            op = Op(n, "write", v, True, t0, _time.monotonic())
+                        except RmqError:
+                            op = Op(n, "write", v, None, t0, None)
+                    else:
+                        cur = w.kv_get("cfg", "register")
+                        t0 = _time.monotonic()             # the cas is the call measured
+                        v = f"c{n}-{i}".encode()
+                        try:
+                            w.kv_put("cfg", "register", v, if_revision=cur.revision)
+                            op = Op(n, "cas", (cur.value, v), True, t0, _time.monotonic())
+                        except KvConflict:
+                            op = Op(n, "cas", (cur.value, v), False, t0, _time.monotonic())
+                        except RmqError:
+                            op = Op(n, "cas", (cur.value, v), None, t0, None)
+                except RmqError:
+                    continue                                # a read that failed says nothing
+                with lock:
+                    history.append(op)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    victim = _leader_of(c, "cfg", c.kv_get("cfg", "register").queue)
+    cluster.kill(victim, signal.SIGKILL)
+    cluster.start_node(victim)
+    for t in threads:
+        t.join(timeout=180)
+    assert len(history) >= 60
+    assert linearizable([Op(-1, "write", b"init", True, -2.0, -1.0)] + history, initial=None)

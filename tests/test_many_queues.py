@@ -118,6 +118,27 @@ def test_twenty_thousand_queues_on_five_nodes_within_the_file_budget(tmp_path):
         cluster.stop()
 
 
+def _fill_and_restart(cluster, topic: str, queues: int) -> None:
+    """One message to each of ``queues`` queues, a restart of the whole cluster, and a
+    wait until every node has opened them all again."""
+    with Client(cluster.endpoints, timeout=60) as client:
+        client.create_topic(topic, queues=queues)
+        for i in range(0, queues, 100):
+            client.produce_batches([(topic, q, [f"{topic}{q}".encode()]) for q in range(i, i + 100)])
+    cluster.stop()
+    cluster.start(timeout=90)
+    wait_until(lambda: all(cluster.health(i).queues_open == queues for i in range(3)), timeout=120,
+               what="every queue opened")
+
+
+def _opened_behind(cluster, i: int) -> int:
+    """How many queues node ``i``'s background pass opened (its log's last "done" line)."""
+    with open(os.path.join(cluster.log_dir, f"node-{i}.log")) as f:
+        done = [line for line in f if "opening queues" in line and "done" in line]
+    assert done, f"node {i} logged no end of its background opening"
+    return int(done[-1].split("(")[1].split()[0])
+
+
 def test_a_restarted_node_serves_first_and_opens_its_queues_behind(tmp_path):
     """Queues found on disk at start open when used or in the background, not before the
     node serves (statemachine/queue_logs.py): after a restart every queue reads back, Health
@@ -127,24 +148,14 @@ def test_a_restarted_node_serves_first_and_opens_its_queues_behind(tmp_path):
                            extra_args=["--compaction-entries", "5"])      # restarts load a snapshot
     cluster.start(timeout=90)
     try:
-        with Client(cluster.endpoints, timeout=60) as client:
-            client.create_topic("lazy", queues=queues)
-            for i in range(0, queues, 100):
-                client.produce_batches([("lazy", q, [f"m{q}".encode()]) for q in range(i, i + 100)])
-        cluster.stop()
-        cluster.start(timeout=90)
+        _fill_and_restart(cluster, "lazy", queues)
         health = [cluster.health(i) for i in range(3)]
         assert all(h.queues_total == queues for h in health), health     # every node holds a replica of each
-        wait_until(lambda: all(cluster.health(i).queues_open == queues for i in range(3)), timeout=120,
-                   what="every queue opened")
         with Client(cluster.endpoints, timeout=60) as client:
             for q in range(0, queues, 7):
-                assert [r.value for r in client.fetch("lazy", q, 0).records] == [f"m{q}".encode()]
+                assert [r.value for r in client.fetch("lazy", q, 0).records] == [f"lazy{q}".encode()]
         for i in range(3):
-            with open(os.path.join(cluster.log_dir, f"node-{i}.log")) as f:
-                done = [line for line in f if "opening queues" in line and "done" in line]
-            behind = int(done[-1].split("(")[1].split()[0])
-            assert behind >= queues // 2, done[-1]
+            assert _opened_behind(cluster, i) >= queues // 2
     finally:
         cluster.stop()
 
@@ -173,20 +184,10 @@ def test_a_graceful_restart_replays_nothing_so_no_queue_is_opened_before_the_nod
     cluster = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path))      # no snapshot while running
     cluster.start(timeout=90)
     try:
-        with Client(cluster.endpoints, timeout=60) as client:
-            client.create_topic("calm", queues=queues)
-            for i in range(0, queues, 100):
-                client.produce_batches([("calm", q, [f"c{q}".encode()]) for q in range(i, i + 100)])
-        cluster.stop()
-        cluster.start(timeout=90)
-        wait_until(lambda: all(cluster.health(i).queues_open == queues for i in range(3)), timeout=120,
-                   what="every queue opened")
-        for i in range(3):
-            with open(os.path.join(cluster.log_dir, f"node-{i}.log")) as f:
-                done = [line for line in f if "opening queues" in line and "done" in line]
-            assert done and int(done[-1].split("(")[1].split()[0]) == queues, done   # all behind, none by replay
+        _fill_and_restart(cluster, "calm", queues)
+        assert [_opened_behind(cluster, i) for i in range(3)] == [queues] * 3     # all behind, none by replay
         with Client(cluster.endpoints, timeout=60) as client:
             for q in range(0, queues, 11):
-                assert [r.value for r in client.fetch("calm", q, 0).records] == [f"c{q}".encode()]
+                assert [r.value for r in client.fetch("calm", q, 0).records] == [f"calm{q}".encode()]
     finally:
         cluster.stop()

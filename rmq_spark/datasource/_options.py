@@ -31,7 +31,7 @@ READ_OPTIONS = (
     "endingOffsetsByTimestamp", "maxOffsetsPerTrigger", "minOffsetsPerTrigger",
     "maxTriggerDelay", "failOnDataLoss", "minPartitions", "packRecordsPerTask",
     "driverReadRecords", "readFrom", "tags", "consumerGroup", "maxBytesPerFetch", "readArchive",
-    "localReads", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token", "tokenFile")
+    "localReads", "latestPerKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token", "tokenFile")
 WRITE_OPTIONS = ("endpoints", "topic", "idempotenceKey", "tlsCaFile", "tlsCertFile", "tlsKeyFile", "token",
                  "tokenFile")
 
@@ -283,6 +283,7 @@ class ReadOptions:
     max_bytes_per_fetch: int = DEFAULT_FETCH_BYTES
     read_archive: bool = True
     local_reads: bool = True
+    latest_per_key: bool = False                        # one row per live key (batch, compact topics)
     tls: TlsFiles | None = None
     token: str | None = field(default=None, repr=False)
 
@@ -303,6 +304,7 @@ class ReadOptions:
             "consumerGroup": ("consumer_group", _nonempty),
             "readArchive": ("read_archive", _bool),
             "localReads": ("local_reads", _bool),
+            "latestPerKey": ("latest_per_key", _bool),
             "includeHeaders": ("include_headers", _bool),
             "maxBytesPerFetch": ("max_bytes_per_fetch",
                                  lambda n, v: _int(n, v, MIN_FETCH_BYTES, MAX_FETCH_BYTES)),

@@ -123,6 +123,10 @@ class RocketMQDataSource(DataSource):
         where the batches are), checking the file and every batch's CRC;
         anything amiss, a tag filter, or another host means a network fetch.
         ``false``: always fetch over the network.
+    latestPerKey : bool, default ``false``
+        Batch read of compact topics only: one row per live key (its latest
+        value, ``offset`` = its revision), read from the nodes' key index
+        without the compaction job; no offsets options, no headers.
 
     Write options and columns
     -------------------------
@@ -164,6 +168,10 @@ class RocketMQDataSource(DataSource):
         opts = ReadOptions.from_options(self.options)
         opts.check_batch()
         _check_read_schema(opts, schema)
+        if opts.latest_per_key:
+            from ._kv_latest import KvLatestReader, check_latest_per_key
+            check_latest_per_key(opts)
+            return KvLatestReader(opts)
         return BatchReader(opts)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -171,6 +179,9 @@ class RocketMQDataSource(DataSource):
 
         opts = ReadOptions.from_options(self.options)
         opts.check_streaming()
+        if opts.latest_per_key:
+            raise OptionError("latestPerKey", "is a batch read (spark.read); a stream reads every change: "
+                              "leave it out")
         _check_read_schema(opts, schema)
         return StreamReader(opts)
 

@@ -396,3 +396,27 @@ def test_compaction_lag_metrics_go_to_zero_after_an_available_now_run(spark, cli
     assert all(v == 0 for _, v in series(cluster, "rmq_compaction_lag_messages", topic=topic))
     assert all(v == 0 for _, v in series(cluster, "rmq_compaction_lag_seconds", topic=topic))
     assert sum(v for _, v in series(cluster, "rmq_compaction_topic_lag_messages", topic=topic)) == 0
+
+
+def test_latest_per_key_reads_one_row_per_live_key_without_the_job(spark, client, endpoints, compact):
+    """spark.read ... latestPerKey=true: the nodes' key index answers (issue 40), no
+    compaction job ran; a deleted key has no row; each row's offset is the key's
+    revision, as kv_get gives it."""
+    compact, _ = compact
+    rng = random.Random(7)
+    for i in range(0, 300, 50):                  # no queue given: by key hash, as kv_put routes
+        client.produce(compact, [Message(f"v{i + j}".encode(), key=f"k{rng.randrange(20)}".encode())
+                                 for j in range(50)])
+    for k in range(20):
+        client.produce(compact, [Message(b"last", key=f"k{k}".encode())])
+    client.produce(compact, [Message(None, key=b"k3")])            # deleted
+    rows = (spark.read.format("rocketmq").option("endpoints", endpoints).option("subscribe", compact)
+            .option("latestPerKey", "true").load().collect())
+    got = {bytes(r.key): (bytes(r.value), r.offset) for r in rows}
+    assert len(rows) == len(got) == 19 and b"k3" not in got
+    for key, (value, offset) in got.items():
+        e = client.kv_get(compact, key)
+        assert (e.value, e.revision) == (value, offset), key
+    with pytest.raises(Exception, match="latestPerKey.*startingOffsets|startingOffsets.*latestPerKey"):
+        (spark.read.format("rocketmq").option("endpoints", endpoints).option("subscribe", compact)
+         .option("latestPerKey", "true").option("startingOffsets", "earliest").load().collect())
