@@ -18,6 +18,14 @@ Prints ops/s and p50/p99 per workload and system, and our rate over NATS'::
 
     .venv/bin/python bench/kv.py                          # 8 clients, 10 s each
     .venv/bin/python bench/kv.py --clients 32 --seconds 20
+
+``--capacity N`` instead loads N keys of 1 KiB (keyed produces, as a bulk
+load would: every produce to a compact topic is a put) into a 3-node
+cluster and measures what issue 40 asks at 1,000,000: the key index built
+from the log (first get per queue), node RSS, get p50/p99 over 2,000
+random keys, and a restart until the first get answers::
+
+    .venv/bin/python bench/kv.py --capacity 1000000
 """
 from __future__ import annotations
 
@@ -139,16 +147,82 @@ def peer(a, root: str, env: dict) -> list[dict]:
         return asyncio.run(_nats(a, cluster.urls))
 
 
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def capacity(a, root: str) -> None:
+    import zlib
+    queues, n = 6, a.capacity
+    with LocalCluster(nodes=3, groups=3, data_dir=os.path.join(root, "cap"), fsync="always") as cluster:
+        with Client(cluster.endpoints, timeout=120) as c:
+            c.create_topic("big", queues=queues, cleanup_policy="compact")
+            value = b"v" * 1024
+            t0 = time.monotonic()
+            batch: dict[int, list] = {}
+            from rmq_spark.client import Message
+            for i in range(n):
+                k = f"key-{i:08d}".encode()
+                batch.setdefault(zlib.crc32(k) % queues, []).append(Message(value, key=k))
+                if (i + 1) % 6000 == 0 or i == n - 1:
+                    c.produce_batches([("big", q, msgs) for q, msgs in batch.items()])
+                    batch = {}
+                if (i + 1) % 100_000 == 0:
+                    log.info("loaded %d keys (%.0f s)", i + 1, time.monotonic() - t0)
+            load_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            for q in range(queues):        # the first KV call per queue builds its index from the log
+                c.kv_keys("big", f"key-{q:08d}", page=1)
+            index_s = time.monotonic() - t0
+            rss = [_rss_mb(p.pid) for p in cluster.procs]
+            rng = random.Random(1)
+            lat = []
+            for _ in range(2000):
+                k = f"key-{rng.randrange(n):08d}"
+                t = time.perf_counter()
+                assert c.kv_get("big", k).value == value
+                lat.append(time.perf_counter() - t)
+            p50, p99 = percentiles_ms(lat)
+        t0 = time.monotonic()
+        cluster.stop()
+        cluster.start(timeout=600)
+        with Client(cluster.endpoints, timeout=120) as c:
+            assert c.kv_get("big", f"key-{n - 1:08d}").value == value
+            for q in range(queues):
+                c.kv_keys("big", f"key-{q:08d}", page=1)
+        restart_s = time.monotonic() - t0
+        rss_after = [_rss_mb(p.pid) for p in cluster.procs]
+        sizes = [os.path.getsize(f) for f in __import__("glob").glob(os.path.join(root, "cap", "node-*", "**",
+                                                                               "kv-index.sqlite3"), recursive=True)]
+    print(f"\n{n:,} keys of 1 KiB, compact topic of {queues} queues, 3 nodes, R3, --fsync always\n")
+    print("| keys | load s | index built s | node RSS MB (max) | get p50 ms | get p99 ms | restart s (to first get) "
+          "| RSS after restart MB | index file MB (max) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {n:,} | {load_s:.1f} | {index_s:.1f} | {max(rss):.0f} | {p50:.2f} | {p99:.2f} | {restart_s:.1f} | "
+          f"{max(rss_after):.0f} | {max(sizes or [0]) / 2**20:.0f} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--value-bytes", type=int, default=100)
+    p.add_argument("--capacity", type=int, default=0, help="load this many 1 KiB keys and measure instead")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     root = tempfile.mkdtemp(prefix="bench-kv-")
     env: dict = {}
+    if a.capacity:
+        try:
+            capacity(a, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return 0
     try:
         rows = ours(a, root) + peer(a, root, env)
     finally:

@@ -80,6 +80,7 @@ class KvIndex:
         self._db = self._connect()
         self._fresh: set[str] = set()     # queues checked against their log since open
         self._earliest: dict[str, int] = {}   # each queue's start when its rows were last cut to it
+        self._ends: dict[str, int] = {}       # each queue's log end its rows were last brought to
 
     def _connect(self) -> sqlite3.Connection:
         for attempt in (0, 1):
@@ -137,12 +138,15 @@ class KvIndex:
         """Bring ``q``'s rows in line with its log ``[earliest, next_offset)``; ``scan(start)``
         yields its keyed messages from ``start``. Returns how many messages were read."""
         with self._lock:
+            if self._ends.get(q) == next_offset and self._earliest.get(q) == earliest:
+                return 0                  # nothing appended or cut since (no query per get)
             at = self.indexed_to(q)
             if at is not None and self._earliest.get(q) != earliest:
                 self.drop_revisions_below(q, earliest)     # retention cut it meanwhile (closed, or a peer's)
                 self._earliest[q] = earliest
             if at == next_offset:
                 self._fresh.add(q)
+                self._ends[q] = next_offset
                 return 0
             if at is None or at > next_offset or at < earliest:
                 self.forget(q)
@@ -151,6 +155,7 @@ class KvIndex:
             rows = list(scan(at))
             self.record(q, rows, next_offset)
             self._fresh.add(q)
+            self._ends[q] = next_offset
             if rows:
                 log.info("key index: queue %s indexed from offset %d (%d keyed messages)", q, at, len(rows))
             return len(rows)
@@ -168,6 +173,7 @@ class KvIndex:
                 db.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
             db.execute("COMMIT")
             self._fresh.discard(q)
+            self._ends.pop(q, None)
 
     def drop_revisions_below(self, q: str, earliest: int) -> None:
         """Retention moved the queue's start: revisions below it are gone from the log."""
