@@ -179,6 +179,26 @@ def test_a_callers_identity_that_failed_for_good_refuses_later_batches(pcluster)
         assert read_all(c, "fails-ids", 0) == [b"a", b"c"]
 
 
+def test_a_failing_producer_thread_answers_every_batch_and_flush_returns(pcluster):
+    """Whatever breaks the producer's own thread, no caller waits forever: every batch not
+    answered fails, flush() (and close(), and with it a Spark task) returns, and the
+    producer refuses new batches."""
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("dies", queues=1)
+        p = c.producer()
+
+        def boom():
+            raise RuntimeError("injected")
+        p._dispatch = boom
+        f = p.send("dies", 0, [b"a"])
+        p.flush(timeout=30)
+        with pytest.raises(RmqError, match="producer's thread failed"):
+            f.result(timeout=0)
+        with pytest.raises(RmqError, match="closed"):
+            p.send("dies", 0, [b"b"])
+        p.close()
+
+
 def test_a_leader_killed_mid_stream_loses_and_duplicates_nothing(pcluster):
     with Client(pcluster.endpoints, timeout=60) as c:
         c.create_topic("kill", queues=4)

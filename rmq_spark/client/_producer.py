@@ -32,6 +32,7 @@ One thread (``producer-<id>``) sends, retries and completes the futures;
 from __future__ import annotations
 
 import collections
+import logging
 import random
 import threading
 import time
@@ -49,6 +50,8 @@ from .errors import (InvalidArgument, NotLeader, OutOfOrderSequence, ResourceExh
                      from_status)
 
 __all__ = ["Producer"]
+
+log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 << 20     # one request to a node carries at most this (and one batch more)
 # A node remembers a producer's last 8 batches per queue (statemachine/data.py): a retried batch
@@ -181,6 +184,19 @@ class Producer:
         return f"{self._id}-{uuid.uuid4().hex[:8]}"
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:      # noqa: BLE001 - every batch gets an answer, flush() returns
+            dead = RmqError(f"the producer's thread failed ({e!r}); batches not answered before fail")
+            with self._cond:
+                self._closed = True
+                waiting, self._new = list(self._new), []
+            for b in waiting + [b for lane in self._lanes.values() for b in lane.batches]:
+                if not b.future.done():
+                    self._resolve(b, dead)
+            log.exception("producer %s: its thread failed", self._id)
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not (self._new or self._done or self._closed) and not self._retry_due():
