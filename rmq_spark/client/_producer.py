@@ -45,9 +45,8 @@ import grpc
 from storage_service.proto import rmq_pb2
 
 from ._messages import plain_block
-from ._types import ProduceResult
-from .errors import (InvalidArgument, NotLeader, OutOfOrderSequence, ResourceExhausted, RmqError, from_rpc_error,
-                     from_status)
+from ._outcomes import outcomes
+from .errors import InvalidArgument, NotLeader, OutOfOrderSequence, ResourceExhausted, RmqError
 
 __all__ = ["Producer"]
 
@@ -313,7 +312,7 @@ class Producer:
 
     def _complete(self, batches: list[_Batch], address: str, outcome) -> None:
         self._node_in_flight[address] -= 1
-        for b, res in zip(batches, _outcomes(outcome, address, len(batches))):
+        for b, res in zip(batches, outcomes(outcome, address, len(batches))):
             lane = b.lane
             b.in_flight = False
             lane.in_flight -= 1
@@ -387,24 +386,3 @@ def _timed_out(b: _Batch, timeout: float, last: BaseException | None = None) -> 
     return DeadlineExceeded(f"{b.lane.topic}/{b.lane.queue}: batch at sequence {b.request.sequence} not "
                             f"acknowledged within {timeout} s ({stored})" + (f"; last error: {last}" if last else ""),
                             grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-def _outcomes(call, address: str, n: int) -> list:
-    if isinstance(call, BaseException):
-        err = call if isinstance(call, RmqError) else from_status(grpc.StatusCode.UNAVAILABLE, str(call), None,
-                                                                  address)
-        return [err] * n
-    try:
-        outcomes = call.result()
-    except grpc.RpcError as e:
-        return [from_rpc_error(e, address)] * n
-    except Exception as e:
-        return [from_status(grpc.StatusCode.UNAVAILABLE, f"ProduceBatches failed: {e!r}", None, address)] * n
-    if len(outcomes.outcomes) != n:
-        return [from_status(grpc.StatusCode.UNAVAILABLE,
-                            f"ProduceBatches answered {len(outcomes.outcomes)} outcomes for {n} batches",
-                            None, address)] * n
-    return [from_status(o.code, o.message, o.leader, address, str(o.retry_after_ms or "") or None)
-            if o.code else ProduceResult(o.result.queue, o.result.base_offset, o.result.count,
-                                         o.result.store_timestamp, o.result.duplicate)
-            for o in outcomes.outcomes]

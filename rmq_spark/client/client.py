@@ -30,7 +30,8 @@ from storage_service.protocol.placement import GRPC_OPTIONS, group_of, produce_a
 from storage_service.protocol.tls import TlsFiles, channel_credentials, client_context, wants_client_certificate
 
 from ._admin import AdminCalls
-from ._kv import KvCalls, KvEntry
+from ._kv import KvCalls
+from ._outcomes import outcomes, result
 from ._messages import MessageLike, decode_records, plain_block, to_block, to_pb
 from ._produce_sender import ProduceSender
 from ._producer import Producer
@@ -38,7 +39,7 @@ from ._produce_wire import ProduceTransport
 from ._routing import RetryClock, Routes
 from ._security import SecurityCalls
 from ._types import FetchResult, ProduceResult
-from .errors import RmqError, TlsRefused, Unavailable, from_rpc_error, from_status
+from .errors import RmqError, TlsRefused, Unavailable, from_rpc_error
 
 __all__ = ["Client", "parse_endpoints"]
 
@@ -250,7 +251,7 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
             return [self.produce_block(topic, queue, to_block(messages), len(messages),
                                        producer_id, sequence or 0, timeout)]
         req = rmq_pb2.ProduceRequest(topic=topic, queue=-1, messages=[to_pb(m) for m in messages])
-        return [_result(r) for r in self.call("Produce", req, timeout=timeout).results]
+        return [result(r) for r in self.call("Produce", req, timeout=timeout).results]
 
     def produce_block(self, topic: str, queue: int, block: bytes, count: int, producer_id: str,
                       sequence: int, timeout: float | None = None) -> ProduceResult:
@@ -264,7 +265,7 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
         req = rmq_pb2.ProduceRequest(topic=topic, queue=queue, records=block, count=count,
                                      producer_id=producer_id, sequence=sequence)
         resp = self.call("Produce", req, group=self.group_of(topic, queue), timeout=timeout)
-        return _result(resp.results[0])
+        return result(resp.results[0])
 
     def produce_batches(self, batches: Sequence[tuple], timeout: float | None = None) -> list[ProduceResult]:
         """Append several batches, each ``(topic, queue, messages)``, in one call per node.
@@ -317,7 +318,7 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
                      for addr, idx in by_node.items()]
             pending, last, hinted = [], None, False
             for addr, idx, call in calls:
-                for i, out in zip(idx, _outcomes(call, addr, len(idx))):
+                for i, out in zip(idx, outcomes(call, addr, len(idx))):
                     if not isinstance(out, RmqError):
                         results[i] = out
                         continue
@@ -428,17 +429,3 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _outcomes(call, address: str, n: int) -> list[ProduceResult | RmqError]:
-    """The ``n`` outcomes of one ProduceBatches RPC: a result or the batch's error
-    (all of them the RPC's error when it failed as a whole)."""
-    try:
-        outcomes = call.result()
-    except grpc.RpcError as e:
-        return [from_rpc_error(e, address)] * n
-    return [from_status(o.code, o.message, o.leader, address, str(o.retry_after_ms or "") or None)
-            if o.code else _result(o.result) for o in outcomes]
-
-
-def _result(r: rmq_pb2.ProduceResult) -> ProduceResult:
-    return ProduceResult(r.queue, r.base_offset, r.count, r.store_timestamp, r.duplicate)
