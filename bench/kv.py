@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import _peers  # noqa: E402
 from bench.produce import percentiles_ms  # noqa: E402
+from bench.scale import _rss_mb  # noqa: E402
 from rmq_spark.client import Client  # noqa: E402
 from storage_service.local import LocalCluster  # noqa: E402
 
@@ -145,14 +146,6 @@ def peer(a, root: str, env: dict) -> list[dict]:
     with _peers.NatsCluster(binary, os.path.join(root, "nats"), sync_always=True) as cluster:
         cluster.wait_ready()
         return asyncio.run(_nats(a, cluster.urls))
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def capacity(a, root: str) -> None:
