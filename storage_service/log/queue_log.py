@@ -23,7 +23,7 @@ from .durability import DirSyncs, drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
 from .swaps import SegmentSwaps
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, index_position,
-                      open_sealed, read_pairs, read_segment, recover_tail, segment_name, span_in, write_pairs)
+                      open_sealed, read_pairs, read_segment, recover_tail, span_in, write_pairs)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -483,12 +483,10 @@ class QueueLog(SegmentSwaps):
                     data = f.read(seg.size)
             except FileNotFoundError:
                 return None
-        for h in framing.iter_batches(data, verify=False):
-            if h.apply_position == position:
-                return h.base_offset, h.store_ts
-            if h.apply_position > position:
-                return None
-        return None
+        # Kept with ``recent``: a replay asks for many positions of one segment.
+        self.recent.update((h.apply_position, (h.base_offset, h.store_ts))
+                           for h in framing.iter_batches(data, verify=False))
+        return self.recent.get(position)
 
     def store_ts_at(self, offset: int) -> int | None:
         """Store time of the batch holding ``offset``, from batch headers only (a few

@@ -18,7 +18,7 @@ import grpc
 from storage_service.proto import rmq_pb2
 
 from ..protocol import records
-from ..statemachine.data import queue_dir
+from ..statemachine.data import parse_queue_dir, queue_dir
 from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
 from .errors import ServiceError
 from .validate import check_block, check_topic_name, invalid
@@ -141,13 +141,12 @@ def expire_keys(node, limit: int = 1000) -> int:
     """On the data groups this node leads: commit a delete of every key whose TTL ran
     out, conditioned on the revision that expired (a newer put stays). Returns how
     many were deleted."""
-    from ..statemachine.data import parse_queue_dir
     now, deleted = node.now_ms(), 0
     for g, st in list(node.states.items()):
-        raft = node.groups.get(g)
-        if st._kv is None or raft is None or not raft.is_leader:
+        raft, store = node.groups.get(g), st.kv_if_open
+        if store is None or raft is None or not raft.is_leader:
             continue
-        for name, key, rev in st.kv.index.expired(now, limit):
+        for name, key, rev in store.index.expired(now, limit):
             topic, inc, queue = parse_queue_dir(name)
             cfg = node.meta.topic(topic)
             if cfg is None or cfg["incarnation"] != inc:

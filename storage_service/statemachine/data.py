@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from typing import Callable
 
 from ..log.durability import DirSyncs, fatal
@@ -92,6 +91,11 @@ class DataState:
         self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
         self._kv: KvStore | None = None               # opened when key-value is first used (kv.py)
         self._kv_lock = threading.Lock()
+
+    @property
+    def kv_if_open(self) -> KvStore | None:
+        """The key-value view if something used it already (``kv`` opens it)."""
+        return self._kv
 
     @property
     def kv(self) -> KvStore:

@@ -12,11 +12,11 @@ The index is derived data, kept on disk in SQLite (Python's own ``sqlite3``:
 a B-tree file that needs no server and no new dependency; WAL with
 ``synchronous=NORMAL``: a commit is not synced, and a crash may lose the last
 ones but never leaves the file inconsistent). ``queues.next`` says up to
-which offset a queue's log is indexed; apply records every keyed message it
-appends, and ``catch_up`` brings a queue's rows in line with its log when
-they differ (a crash between the log write and the index write, either one
-lost with the page cache): behind, it reads the log from ``next``; ahead or
-unreadable, it drops the queue's rows and reads its whole log again. A file
+which offset a queue's log is indexed, and ``catch_up``, before every
+key-value decision or read of the queue, brings its rows in line with the
+log: behind (appends since, or index commits lost with the page cache), it
+reads the log from ``next``; ahead (log pages lost instead) or cut by
+retention, it drops the queue's rows and reads its whole log again. A file
 that cannot be opened is rebuilt the same way, queue by queue, when used.
 
 Tables: ``keys`` (the latest revision per key, live or deleted, and when a
@@ -78,7 +78,6 @@ class KvIndex:
         self._lock = threading.RLock()
         self.lock = self._lock              # held across calls that must see one state
         self._db = self._connect()
-        self._fresh: set[str] = set()     # queues checked against their log since open
         self._earliest: dict[str, int] = {}   # each queue's start when its rows were last cut to it
         self._ends: dict[str, int] = {}       # each queue's log end its rows were last brought to
 
@@ -145,7 +144,6 @@ class KvIndex:
                 self.drop_revisions_below(q, earliest)     # retention cut it meanwhile (closed, or a peer's)
                 self._earliest[q] = earliest
             if at == next_offset:
-                self._fresh.add(q)
                 self._ends[q] = next_offset
                 return 0
             if at is None or at > next_offset or at < earliest:
@@ -154,15 +152,10 @@ class KvIndex:
                 self._earliest[q] = earliest
             rows = list(scan(at))
             self.record(q, rows, next_offset)
-            self._fresh.add(q)
             self._ends[q] = next_offset
             if rows:
                 log.info("key index: queue %s indexed from offset %d (%d keyed messages)", q, at, len(rows))
             return len(rows)
-
-    def checked(self, q: str) -> bool:
-        """Whether ``q`` was checked against its log since this index was opened."""
-        return q in self._fresh
 
     def forget(self, q: str) -> None:
         """Drop a queue's rows (a dropped queue, or one to index again)."""
@@ -172,7 +165,6 @@ class KvIndex:
             for table in ("keys", "revs", "queues"):
                 db.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
             db.execute("COMMIT")
-            self._fresh.discard(q)
             self._ends.pop(q, None)
 
     def drop_revisions_below(self, q: str, earliest: int) -> None:
@@ -180,18 +172,6 @@ class KvIndex:
         with self._lock:
             self._db.execute("DELETE FROM revs WHERE q = ? AND rev < ?", (q, earliest))
             self._db.execute("DELETE FROM keys WHERE q = ? AND rev < ?", (q, earliest))
-
-    def keep_revisions(self, q: str, below: int, kept: set[int]) -> None:
-        """Compaction rewrote the queue below ``below``: of the revisions there only
-        ``kept`` are still in the log."""
-        with self._lock:
-            db = self._db
-            gone = [r for (r,) in db.execute("SELECT rev FROM revs WHERE q = ? AND rev < ?", (q, below))
-                    if r not in kept]
-            db.execute("BEGIN")
-            db.executemany("DELETE FROM revs WHERE q = ? AND rev = ?", [(q, r) for r in gone])
-            db.executemany("DELETE FROM keys WHERE q = ? AND rev = ?", [(q, r) for r in gone])
-            db.execute("COMMIT")
 
     # ------------------------------------------------------------- reads
     def state(self, q: str, key: bytes) -> KeyState | None:
