@@ -12,8 +12,10 @@ Between those it SIGKILLs the leader of a random group and restarts it and
 pauses a node (SIGSTOP/SIGCONT); at the end it kills every node at once and
 restarts them all. Then every queue is read from every replica of its group
 and checked: every acknowledged message present exactly once, in each
-producer's order, offsets contiguous, replicas identical. Prints a one-line
-summary.
+producer's order, offsets contiguous, replicas identical. Beside the
+producers, three clients increment a counter by compare-and-set
+(``tests/kv_workload.py``): no acknowledged increment may be lost and the
+counter's history must be linearizable. Prints a one-line summary.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from storage_service.local import LocalCluster
 
+from .kv_workload import KvCounter
 from .workload import Producer, Verdict, harness_parser, leader_index, run_for, verify
 
 __all__ = ["ChaosReport", "run_chaos"]
@@ -137,7 +140,11 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
     try:
         with Client(cluster.endpoints, timeout=30, attempt_timeout=2.0, **creds) as client:
             client.create_topic("chaos", queues=queues)
+            client.create_topic("chaos-kv", queues=groups, cleanup_policy="compact")
             stop = threading.Event()
+            counter = KvCounter(lambda: Client(cluster.endpoints, timeout=30, attempt_timeout=2.0, **creds),
+                                "chaos-kv", stop)
+            counter.start(client)
             prods = [Producer(client, "chaos", i, [q for q in range(queues) if q % producers == i % producers
                                                     or q % 2 == i % 2], stop, report, lock)
                      for i in range(producers)]
@@ -164,6 +171,7 @@ def run_chaos(data_dir: str, seconds: float = 20.0, producers: int = 4, queues: 
                 cluster.start_node(i)
             cluster.wait_ready(90, nodes=live)
             verify(client, cluster, "chaos", prods, queues, report)
+            counter.judge(client, report)
     finally:
         cluster.stop()
     return report

@@ -47,27 +47,39 @@ def _step(state, op: Op):
 
 
 def linearizable(history: list[Op], initial: Any = None) -> bool:
-    ops = list(history)
-    done = [i for i, o in enumerate(ops) if o.returned is not None]
+    # Ops in call order; ``taken`` is a bit mask of the ops already linearized.
+    ops = sorted(history, key=lambda o: o.called)
     inf = float("inf")
     ret = [o.returned if o.returned is not None else inf for o in ops]
-    seen: set[tuple[frozenset, Any]] = set()
+    known = sum(1 for o in ops if o.returned is not None)
+    seen: set[tuple[int, Any]] = set()
     # Depth-first: linearize a pending op whose call comes before every pending op's
     # return (else that op would have to take effect after a return that followed it).
-    stack = [(frozenset(), initial)]
+    # Scanning in call order, the window ends at the first op called after the
+    # smallest return seen so far: no later op can return earlier than it is called.
+    stack = [(0, 0, 0, initial)]          # (taken, known ops taken, first op not taken, state)
     while stack:
-        taken, state = stack.pop()
-        if all(i in taken for i in done):
+        taken, done, first, state = stack.pop()
+        if done == known:
             return True
         if (taken, state) in seen:
             continue
         seen.add((taken, state))
-        pending = [i for i in range(len(ops)) if i not in taken]
-        horizon = min(ret[i] for i in pending)
-        for i in pending:
+        while taken >> first & 1:
+            first += 1
+        horizon = inf
+        for i in range(first, len(ops)):
             if ops[i].called > horizon:
+                break
+            if taken >> i & 1:
+                continue
+            horizon = min(horizon, ret[i])
+        for i in range(first, len(ops)):
+            if ops[i].called > horizon:
+                break
+            if taken >> i & 1:
                 continue
             ok, after = _step(state, ops[i])
             if ok:
-                stack.append((taken | {i}, after))
+                stack.append((taken | 1 << i, done + (ops[i].returned is not None), first, after))
     return False

@@ -22,6 +22,11 @@ port) and a reader of ``Client.offsets`` while links are cut and healed:
   node taking the replica or the one giving it up is isolated; the
   controller finishes the move once the partition heals.
 
+Beside them, three clients increment a counter in a compact topic with
+compare-and-set (``tests/kv_workload.py``): after the last heal no
+acknowledged increment may be missing and the history of the counter must be
+linearizable (``kv_*`` fields of the summary).
+
 After the last heal the run verifies the topic (every acknowledged message
 exactly once, per-producer order, contiguous offsets, identical replicas) and
 prints one summary line per scenario:
@@ -58,6 +63,7 @@ from typing import Callable
 from storage_service.local import LocalCluster
 from storage_service.raft.journal import FSYNC_POLICIES
 
+from .kv_workload import KvCounter
 from .netns import Netns
 from .workload import AckingProducer, Acks, Producer, Verdict, harness_parser, leader_index, run_for, verify
 
@@ -155,6 +161,7 @@ class _Run:
     kept: dict[int, tuple[int, int]] = field(default_factory=dict)   # group -> (leader, term) that kept a majority
     cut_logs: dict[str, int] = field(default_factory=dict)   # node log sizes at the last cut
     log: Callable[[str], None] = print
+    first: int | None = None    # the group the first isolate-leader cut goes to (the counter's)
 
 
 def _leaders(run: _Run) -> dict[int, tuple[int, int]]:
@@ -183,7 +190,7 @@ def _cut(run: _Run, apart: set[int], cut: Callable[[], None]) -> None:
 
 
 def _isolate_leader(run: _Run) -> str | None:
-    g = run.rng.choice(run.groups)
+    g = run.first if run.first in run.groups and not run.report.faults else run.rng.choice(run.groups)
     victim = leader_index(run.client, run.cluster, g)
     if victim is None:
         return None
@@ -283,7 +290,7 @@ def _faults(run: _Run, scenario: str, stop: threading.Event) -> None:
 
 
 def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, queues: int,
-                  seed: int, log) -> PartitionReport:
+                  seed: int, log, kv: bool = True) -> PartitionReport:
     report, lock = PartitionReport(scenario=scenario), threading.Lock()
     logs_at = _log_sizes(cluster)
     topic = f"part-{scenario}"
@@ -299,6 +306,16 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     run = _Run(cluster.net, cluster, client, sorted(by_group), report, random.Random(seed), log=log)
     reader = threading.Thread(target=_leader_reader, args=(cluster.endpoints, topic, acks, stop, report), daemon=True)
     faults = threading.Thread(target=_faults, args=(run, scenario, fault_stop), daemon=True)
+    counter = None
+    if kv:
+        from rmq_spark.client import Client
+        # The key-value counter: its key's queue is in one of the topic's groups, which
+        # the faults pick from (run.groups); the cuts reach it as often as the others.
+        kv_topic = f"kv-{scenario}"
+        client.create_topic(kv_topic, queues=len(by_group), cleanup_policy="compact")
+        counter = KvCounter(lambda: Client(cluster.endpoints, timeout=10, attempt_timeout=2.0), kv_topic, stop)
+        counter.start(client)
+        run.first = client.group_of(kv_topic, client.kv_get(kv_topic, counter.key).queue)
     for t in (*prods, reader):
         t.start()
     time.sleep(1.0)                     # producing before the first cut
@@ -320,6 +337,8 @@ def _run_scenario(cluster: NetnsCluster, client, scenario: str, seconds: float, 
     report.handler_errors = _new_tracebacks(cluster, logs_at)
     cluster.wait_ready(timeout=60)
     verify(client, cluster, topic, prods, queues, report)
+    if counter is not None:
+        counter.judge(client, report)
     return report
 
 

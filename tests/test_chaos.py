@@ -18,6 +18,8 @@ def _check(report):
     assert report.reordered == 0
     assert report.offset_gaps == 0
     assert report.replica_mismatches == 0
+    # Compare-and-set increments of one key: none lost, the history linearizable.
+    assert report.kv_increments > 0 and report.kv_lost == 0 and report.kv_nonlinearizable == 0
 
 
 @pytest.mark.integration

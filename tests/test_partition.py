@@ -30,6 +30,8 @@ def _check(reports):             # run_partition printed each summary line
         # Leader reads are linearizable (leases, storage_service/raft/election.py).
         assert r.leader_reads > 0 and r.stale_reads == 0, r.summary()
         assert r.handler_errors == 0, r.summary()
+        # Compare-and-set increments of one key: none lost, the history linearizable.
+        assert r.kv_increments > 0 and r.kv_lost == 0 and r.kv_nonlinearizable == 0, r.summary()
         # Pre-vote: a node that rejoins does not depose a leader that kept its majority.
         assert r.deposed_on_heal == 0, r.summary()
 

@@ -32,16 +32,26 @@ class Verdict:
     offset_gaps: int = 0
     produce_calls: int = 0
     retries: int = 0
+    # the key-value counter (tests/kv_workload.py), where the run had one
+    kv_ops: int = 0
+    kv_increments: int = 0
+    kv_unknown: int = 0
+    kv_final: int = 0
+    kv_lost: int = 0
+    kv_nonlinearizable: int = 0
 
     @property
     def ok(self) -> bool:
         return not (self.lost or self.duplicated or self.reordered or self.replica_mismatches
-                    or self.offset_gaps)
+                    or self.offset_gaps or self.kv_lost or self.kv_nonlinearizable)
 
     def counts(self) -> str:
+        kv = (f" kv_ops={self.kv_ops} kv_increments={self.kv_increments} kv_unknown={self.kv_unknown} "
+              f"kv_final={self.kv_final} kv_lost={self.kv_lost} kv_nonlinearizable={self.kv_nonlinearizable}"
+              if self.kv_ops else "")
         return (f"acked={self.acked} lost={self.lost} duplicated={self.duplicated} "
                 f"reordered={self.reordered} replica_mismatches={self.replica_mismatches} "
-                f"offset_gaps={self.offset_gaps}")
+                f"offset_gaps={self.offset_gaps}" + kv)
 
 
 def harness_parser(prog: str, doc: str | None, seconds_help: str = "") -> argparse.ArgumentParser:

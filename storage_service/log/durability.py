@@ -14,9 +14,21 @@ import logging
 import os
 import threading
 
-__all__ = ["DirSyncs", "drop_pages", "fatal", "fsync_dir"]
+__all__ = ["Damaged", "DirSyncs", "drop_pages", "fatal", "fsync_dir"]
 
 log = logging.getLogger(__name__)
+
+
+class Damaged(Exception):
+    """This replica's copy of ``queue`` failed its check where a decision needed it (a
+    key-value condition reads the key index, built from the log). Nothing was
+    changed; the copy is being repaired from a peer (``server/repair.py``). In
+    apply, the raft group applies the entry again on a later tick, as after a
+    ``diskspace.Shortage``; a read answers UNAVAILABLE (retry)."""
+
+    def __init__(self, queue: str, why: str):
+        super().__init__(f"queue {queue}: this replica's copy is damaged ({why}); it is being repaired from a peer")
+        self.queue = queue
 
 
 def fatal(why: str) -> None:

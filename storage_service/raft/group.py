@@ -47,6 +47,7 @@ from ._pysyncobj import FOLLOWER, LEADER, Engine, built_on, command_bytes
 from .election import LeaseElection
 from .membership import Membership
 from ..log.diskspace import DiskSpace, Shortage
+from ..log.durability import Damaged
 from .journal import DurableJournal
 from .loop import RaftLoop, capped_match_index, loop_poller
 from .mux import MuxTransport
@@ -100,6 +101,7 @@ class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
         self._last_tick = 0.0
         self.disk = disk
         self.shortages = 0               # applies put off for want of space or descriptors
+        self.damaged_put_offs = 0        # applies put off until a damaged queue is repaired
         self.refused_appends = 0         # appends not taken for want of space
         self._no_room_until: dict = {}   # leader: follower node -> monotonic time its pause ends
         self._warned = 0.0
@@ -268,17 +270,21 @@ class RaftGroup(SnapshotFiles, Membership, LeaseElection, Engine):
         due = {i: callbacks for i, callbacks in waiting.items() if i > applied}
         try:
             need_send = base()
-        except Shortage as e:
+        except (Shortage, Damaged) as e:
             # Not applied, not skipped: the entry is applied again next tick (its items
             # already written answer as before: DataState._apply_item), once space or
-            # descriptors are there. pysyncobj took the entry's callbacks before it
-            # applied it: they go back, so its producers get their answers.
+            # descriptors are there, or the damaged copy it needed is repaired.
+            # pysyncobj took the entry's callbacks before it applied it: they go
+            # back, so its producers get their answers.
             for i, callbacks in due.items():
                 if i > self.raftLastApplied and i not in waiting:
                     waiting[i] = callbacks
-            self.shortages += 1
-            if self.disk is not None:
-                self.disk.met_shortage()
+            if isinstance(e, Damaged):
+                self.damaged_put_offs += 1
+            else:
+                self.shortages += 1
+                if self.disk is not None:
+                    self.disk.met_shortage()
             self._warn(f"applying entry {self.raftLastApplied + 1} put off: {e}")
             return False
         # pysyncobj sends an append after every apply only to tell followers

@@ -17,6 +17,7 @@ import grpc
 
 from storage_service.proto import rmq_pb2
 
+from ..log.durability import Damaged
 from ..protocol import records
 from ..statemachine.data import parse_queue_dir, queue_dir
 from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
@@ -93,6 +94,13 @@ def _entry(e: KvEntry, queue: int) -> rmq_pb2.KvEntry:
 
 
 def kv_read(node, request: rmq_pb2.KvReadRequest) -> rmq_pb2.KvReadResponse:
+    try:
+        return _kv_read(node, request)
+    except Damaged as e:                   # a copy failed its check: being repaired (kv.py)
+        raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"{e}; retry") from None
+
+
+def _kv_read(node, request: rmq_pb2.KvReadRequest) -> rmq_pb2.KvReadResponse:
     cfg = _kv_topic(node, request.topic)
     limit = request.limit or DEFAULT_LIMIT
     if limit < 0 or limit > MAX_LIMIT:

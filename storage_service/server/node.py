@@ -229,6 +229,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
                        segment_bytes=c.segment_bytes, files=self.files)
         st.fetch_range = self.fetch_from_peers
         st.queues.on_open = self.check_opened
+        st.on_damaged = self.check_damaged
         raft = self._raft(g, st, members, members_index)
         # Copies, not updates: other threads iterate these maps while a replica is added.
         self.committers = {**self.committers,

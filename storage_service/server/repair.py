@@ -67,6 +67,13 @@ class Repair:
         if hasattr(self, "_to_repair") and ql.damaged():
             self.queue_repair(qname)
 
+    def check_damaged(self, qname: str) -> None:
+        """A queue's copy failed its check where a decision needed it (``Damaged``): repair
+        it. Before the repair thread is set up (a replay at start) the caller tries
+        again on its next tick and asks again."""
+        if hasattr(self, "_to_repair"):
+            self.queue_repair(qname)
+
     def queue_repair(self, qname: str) -> None:
         with self._repair_lock:
             if qname in self._queued:

@@ -89,6 +89,7 @@ class DataState:
         self.parked: dict[str, list] = {}    # qdir -> [(offset, wake)]: fetches waiting for data
         self._park_lock = threading.Lock()   # not self.lock: a queue's creation syncs directories under it
         self._applied_items: dict[int, tuple] = {}   # apply position -> result, within one entry
+        self.on_damaged = None    # on_damaged(queue name): a copy failed its check (repair it)
         self._kv: KvStore | None = None               # opened when key-value is first used (kv.py)
         self._kv_lock = threading.Lock()
 
@@ -97,13 +98,17 @@ class DataState:
         """The key-value view if something used it already (``kv`` opens it)."""
         return self._kv
 
+    def _damaged(self, qname: str) -> None:
+        if self.on_damaged is not None:
+            self.on_damaged(qname)
+
     @property
     def kv(self) -> KvStore:
         """The key-value view of this group's queues (``kv.py``), opened when first used."""
         if self._kv is None:
             with self._kv_lock:
                 if self._kv is None:
-                    self._kv = KvStore(self.root, self.queues.get)
+                    self._kv = KvStore(self.root, self.queues.get, self._damaged)
         return self._kv
 
     def _open(self, name: str) -> QueueLog:

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from ..log.durability import Damaged
 from ..log.queue_log import QueueLog
 from ..protocol import framing, records
 from .kv_index import KeyState, KvIndex
@@ -76,10 +77,12 @@ def keyed_rows(q: QueueLog, start: int, end: int) -> Iterator[tuple[int, bytes, 
 class KvStore:
     """The key-value view of one data group's queues (module doc)."""
 
-    def __init__(self, root: str, queue):
-        """``queue(name)``: the group's QueueLog of that name, or None."""
+    def __init__(self, root: str, queue, on_damaged=None):
+        """``queue(name)``: the group's QueueLog of that name, or None. ``on_damaged(name)``:
+        called when the queue's copy fails its check while being indexed (repair it)."""
         self.index = KvIndex(os.path.join(root, "kv-index.sqlite3"))
         self._queue = queue
+        self._on_damaged = on_damaged
 
     def _current(self, name: str, q: QueueLog) -> None:
         """Index ``name`` up to its log's end. The log's bounds are read under the index
@@ -87,7 +90,17 @@ class KvStore:
         like an index ahead of its log, and the queue would be read again from the start."""
         with self.index.lock:
             end = q.next_offset
-            self.index.catch_up(name, q.earliest, end, lambda start: keyed_rows(q, start, end))
+            try:
+                self.index.catch_up(name, q.earliest, end, lambda start: keyed_rows(q, start, end))
+            except framing.CorruptBatch as e:
+                # Deciding on what the index would miss could make this replica
+                # disagree with the others: nothing is decided until the copy is whole.
+                self._damaged(name, e)
+
+    def _damaged(self, name: str, err: framing.CorruptBatch):
+        if self._on_damaged is not None:
+            self._on_damaged(name)
+        raise Damaged(name, str(err)) from err
 
     # ------------------------------------------------------------ apply
     def decide(self, name: str, q: QueueLog, condition: tuple, block: bytes, count: int,
@@ -121,10 +134,14 @@ class KvStore:
         if q is None or revision < q.earliest or revision >= q.next_offset:
             return None
         # (max_bytes 1: the one batch holding the revision, not a megabyte parsed per get)
-        for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, 1), revision):
-            if off != revision or key is None:
-                return None
-            return KvEntry(key, value, off, ts, _expires(props))
+        try:
+            for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, 1),
+                                                                                     revision):
+                if off != revision or key is None:
+                    return None
+                return KvEntry(key, value, off, ts, _expires(props))
+        except framing.CorruptBatch as e:
+            self._damaged(name, e)
         return None
 
     def get(self, name: str, key: bytes, now_ms: int, revision: int | None = None) -> KvEntry | None:
