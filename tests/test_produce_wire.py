@@ -12,7 +12,8 @@ import pytest
 
 from rmq_spark.client import Client
 from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
-from rmq_spark.client.errors import InvalidArgument, NotFound, NotLeader, OutOfRange
+from rmq_spark.client.errors import (FailedPrecondition, InvalidArgument, KvConflict, NotFound, NotLeader,
+                                     OutOfRange)
 from storage_service.protocol.fetch_wire import decode_fetch_response
 from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_FETCH, METHOD_PRODUCE_BATCHES,
                                                      WireProtocolError, hello)
@@ -565,3 +566,50 @@ def test_a_span_whose_file_was_replaced_or_shortened_is_read_not_sent(tmp_path):
         got = decode_fetch_response(bytes(recv_exact(b, length)))
     assert (rid, code, got.next_offset, got.latest, got.served_by, got.local) == (11, 0, 9, 9, "n:1", None)
     assert bytes(got.batches) == (b"0123456789" * 10)[30:70]
+
+
+# ------------------------------------------------------ key-value on the port
+def test_kv_calls_go_over_the_produce_port_and_answer_as_grpc_does(cluster, client, topic):
+    """KvPut and KvRead on the port (gRPC's framing was most of a get's node CPU): the
+    same answers and the same exceptions as over gRPC; a call to a follower is asked
+    again over gRPC, whose answer names the leader."""
+    client.create_topic("kv-port", queues=2, cleanup_policy="compact")
+
+    def answers(method):
+        return total(cluster, "rmq_requests_total", method=method, protocol="produce_port", code="OK")
+
+    before = answers("KvPut"), answers("KvRead")
+    with Client(cluster.endpoints, produce_port=False) as over_grpc:
+        r1 = client.kv_put("kv-port", "a", b"one", if_absent=True)
+        r2 = over_grpc.kv_put("kv-port", "a", b"two", if_revision=r1)
+        for c in (client, over_grpc):
+            got = c.kv_get("kv-port", "a")
+            assert (got.value, got.revision) == (b"two", r2)
+            assert c.kv_get("kv-port", "a", revision=r1).value == b"one"
+            assert [e.value for e in c.kv_history("kv-port", "a")] == [b"one", b"two"]
+            with pytest.raises(KvConflict) as e:
+                c.kv_put("kv-port", "a", b"x", if_revision=r1)
+            assert e.value.current_revision == r2
+            with pytest.raises(InvalidArgument, match="key"):
+                c.kv_put("kv-port", b"", b"x")
+            with pytest.raises(FailedPrecondition, match="compact"):
+                c.kv_get(topic, "a")
+    assert answers("KvPut") - before[0] >= 1 and answers("KvRead") - before[1] >= 3
+    # a follower pinned as the only endpoint: not the leader, asked again over gRPC
+    q = client.kv_get("kv-port", "a").queue
+    leader = _leader_of(client, "kv-port", q)
+    follower = cluster.endpoints.split(",")[(leader + 1) % cluster.nodes]
+    with Client(follower, timeout=30) as lone:
+        assert lone.kv_get("kv-port", "a").value == b"two"
+        assert lone.kv_get("kv-port", "a", follower_ok=True).value == b"two"
+
+
+def test_a_node_whose_produce_port_predates_kv_is_asked_over_grpc():
+    old = ProduceWireServer(lambda request: rmq_pb2.ProduceBatchesResponse(), "127.0.0.1", 0)
+    t = ProduceTransport(old.address, fallback=_Recorder())
+    try:
+        assert t.kv("KvRead", rmq_pb2.KvReadRequest(topic="t", key=b"k"), timeout=5) is None
+        assert t._kv_unserved_until > time.monotonic() + 20
+    finally:
+        t.close()
+        old.stop()

@@ -21,7 +21,8 @@ from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import produce_address
 from storage_service.protocol.fetch_wire import decode_fetch_response
-from storage_service.protocol.produce_frames import HELLO, METHOD_FETCH, FrameReader, check_hello, frame_head, hello
+from storage_service.protocol.produce_frames import (HELLO, METHOD_FETCH, METHOD_KV_PUT, METHOD_KV_READ, FrameReader,
+                                                     check_hello, frame_head, hello)
 from storage_service.protocol.tls import client_context
 from storage_service.security.tokens import TokenKeys
 
@@ -314,6 +315,11 @@ class _ProducePort:
         self.s.sendall(frame_head(rid, METHOD_FETCH, len(body)) + body)
         return _read_frame(self.s, self.frames)
 
+    def call(self, method: int, request, rid: int = 1) -> tuple[int, bytes]:
+        body = request.SerializeToString()
+        self.s.sendall(frame_head(rid, method, len(body)) + body)
+        return _read_frame(self.s, self.frames)
+
     def close(self) -> None:
         self.s.close()
 
@@ -480,3 +486,34 @@ def test_the_http_port_is_https_with_the_same_credentials_and_acls(cluster, admi
                 pass
     r = requests.get(f"{base}/metrics", verify=ca, headers=as_dora, timeout=10)
     assert r.status_code == 200
+
+
+def test_key_value_calls_need_produce_to_write_and_consume_to_read(cluster, admin):
+    """KvPut is a produce and KvRead a consume, over gRPC (the client over TLS) and
+    on the produce port's frames alike; a refused write stores nothing."""
+    admin.create_topic("settings", queues=1, cleanup_policy="compact")
+    rev = admin.kv_put("settings", "k", b"v1")
+    reader, writer = admin.create_principal("kv-reader"), admin.create_principal("kv-writer")
+    admin.change_acls(True, [dict(principal="kv-reader", resource_type="topic", name="settings",
+                                  operations=["consume"]),
+                             dict(principal="kv-writer", resource_type="topic", name="settings",
+                                  operations=["produce"])])
+    with _as(cluster, reader["token"]) as r, _as(cluster, writer["token"]) as w:
+        assert r.kv_get("settings", "k").value == b"v1"
+        assert [k for k, _ in r.kv_keys("settings")] == [b"k"]
+        with pytest.raises(PermissionDenied, match="'kv-reader' may not produce topic 'settings'"):
+            r.kv_put("settings", "k", b"no", if_revision=rev)
+        rev2 = w.kv_put("settings", "k", b"v2", if_revision=rev)
+        with pytest.raises(PermissionDenied, match="'kv-writer' may not consume topic 'settings'"):
+            w.kv_get("settings", "k")
+    leader = _leader_of(admin, "settings")
+    port = _ProducePort(cluster, leader, reader["token"])
+    try:
+        code, body = port.call(METHOD_KV_PUT, rmq_pb2.KvPutRequest(topic="settings", key=b"k", value=b"no"))
+        assert code == 7 and b"'kv-reader' may not produce topic 'settings'" in body, body
+        code, body = port.call(METHOD_KV_READ, rmq_pb2.KvReadRequest(topic="settings", key=b"k"), rid=2)
+        assert code == 0 and rmq_pb2.KvReadResponse.FromString(body).entries[0].value == b"v2"
+    finally:
+        port.close()
+    got = admin.kv_get("settings", "k")
+    assert (got.value, got.revision) == (b"v2", rev2)

@@ -48,14 +48,22 @@ from storage_service.proto import rmq_pb2
 from storage_service.protocol.errors import status_code
 from storage_service.protocol.fetch_wire import FetchReply, decode_fetch_response
 from storage_service.protocol.tls import TlsBuffers
-from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_FETCH, METHOD_PRODUCE_BATCHES,
+from storage_service.protocol.produce_frames import (HELLO, MAX_FRAME, METHOD_FETCH, METHOD_KV_PUT, METHOD_KV_READ,
+                                                     METHOD_PRODUCE_BATCHES,
                                                      FrameReader, WireProtocolError, check_hello, frame_head,
                                                      hello)
 
-__all__ = ["ProduceTransport", "WireCallError"]
+__all__ = ["KV_METHODS", "ProduceTransport", "WireCallError"]
 
 log = logging.getLogger(__name__)
 FALLBACK_SECONDS = 30.0
+KV_METHODS = {"KvPut": (METHOD_KV_PUT, rmq_pb2.KvPutResponse.FromString),
+              "KvRead": (METHOD_KV_READ, rmq_pb2.KvReadResponse.FromString)}
+# Errors of a key-value call over the port that settle it: raised as they are. Others
+# (UNAVAILABLE: not the leader, whose address only the gRPC answer carries) go to gRPC.
+SETTLED = {grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+           grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
+           grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 CONNECT_TIMEOUT = 2.0
 IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
 POLL_SECONDS = 0.1         # how late a deadline may be noticed
@@ -298,6 +306,7 @@ class ProduceTransport:
         self._opening = {PRODUCE: 0, FETCH: 0, ORDERED: 0}
         self._fallback_until = 0.0
         self._fetch_unserved_until = 0.0
+        self._kv_unserved_until = 0.0
         self._closed = False
 
     def future(self, request: rmq_pb2.ProduceBatchesRequest, timeout: float, ordered: bool = False):
@@ -344,6 +353,35 @@ class ProduceTransport:
                 self._fetch_unserved_until = time.monotonic() + FALLBACK_SECONDS
             if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise                                # at a limit: the caller backs off, not asks again
+            return None
+        except OSError:
+            return None
+        finally:
+            self._release(conn)
+
+    def kv(self, method: str, request, timeout: float):
+        """``KvPut``/``KvRead`` over the produce port: the response, or None when the port
+        did not answer it (not served, not reachable, or an answer the caller's retries
+        need in its gRPC form: not the leader, with its address; unavailable; at a
+        limit): the caller then asks over gRPC. An answer that settles the call (a
+        conflict, bad input, not allowed) raises the client's exception for it."""
+        if self._closed or time.monotonic() < max(self._fallback_until, self._kv_unserved_until):
+            return None
+        code, parse = KV_METHODS[method]
+        deadline = time.monotonic() + timeout
+        conn = self._open(timeout, FETCH)
+        if conn is None:
+            return None
+        try:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            return conn.call(request.SerializeToString(), left, code, parse).result()
+        except WireCallError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:     # a node from before KV on the port
+                self._kv_unserved_until = time.monotonic() + FALLBACK_SECONDS
+            if e.code() in SETTLED:
+                raise
             return None
         except OSError:
             return None

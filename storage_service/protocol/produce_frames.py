@@ -22,9 +22,10 @@ hello has no flags.
 
 In a request, ``code`` is the method and the body its request message:
 1 = ProduceBatches (a ``ProduceBatchesRequest``), 2 = Fetch (a
-``FetchRequest``). In the reply (same request id), ``code`` is 0 and the body
-the method's response (a ``ProduceBatchesResponse``; a ``FetchResponse`` in
-``fetch_wire``'s encoding, which is protobuf's), or a gRPC status number and
+``FetchRequest``), 3 = KvPut, 4 = KvRead (their protobuf requests). In the
+reply (same request id), ``code`` is 0 and the body the method's response (a
+``ProduceBatchesResponse``; a ``FetchResponse`` in ``fetch_wire``'s encoding,
+which is protobuf's; a ``KvPutResponse``, a ``KvReadResponse``), or a gRPC status number and
 the body a UTF-8 message saying what was wrong (the call failed as a whole;
 per-batch errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
 hello that does not match is answered with an error frame (request id 0) and
@@ -41,7 +42,7 @@ import grpc
 
 from .errors import StorageError
 
-__all__ = ["FLAG_PIPELINED", "FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_FETCH", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
+__all__ = ["FLAG_PIPELINED", "FLAG_TOKEN", "FRAME", "HELLO", "MAX_TOKEN", "TOKEN_LEN", "MAX_FRAME", "METHOD_FETCH", "METHOD_KV_PUT", "METHOD_KV_READ", "METHOD_PRODUCE_BATCHES", "Frame", "FrameReader", "PeerClosed",
            "WireProtocolError", "check_hello", "error_frame", "frame_head", "hello"]
 
 MAGIC = b"RMQP"
@@ -50,6 +51,8 @@ HELLO = struct.Struct("<4sHH")
 FRAME = struct.Struct("<III")
 METHOD_PRODUCE_BATCHES = 1
 METHOD_FETCH = 2
+METHOD_KV_PUT = 3
+METHOD_KV_READ = 4
 MAX_FRAME = 128 << 20       # gRPC's message limit (placement.GRPC_OPTIONS)
 FLAG_TOKEN = 1
 FLAG_PIPELINED = 2

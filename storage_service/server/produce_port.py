@@ -48,7 +48,7 @@ from google.protobuf.message import DecodeError
 
 from ..proto import rmq_pb2
 from ..protocol.produce_frames import (FLAG_PIPELINED, FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
-                                       METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
+                                       METHOD_KV_PUT, METHOD_KV_READ, METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
                                        WireProtocolError, check_hello, error_frame, frame_head, hello)
 from ..protocol.fetch_wire import decode_fetch_response, encode_fetch_head
 from ..protocol.localread import host_id
@@ -62,7 +62,9 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
 CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}    # a frame's code -> the metric's label
-METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch"}
+METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch", METHOD_KV_PUT: "KvPut",
+                METHOD_KV_READ: "KvRead"}
+UNARY_REQUESTS = {METHOD_KV_PUT: rmq_pb2.KvPutRequest, METHOD_KV_READ: rmq_pb2.KvReadRequest}
 HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
 MAX_PIPELINED = 32          # produce requests in flight per connection before its reader waits
 
@@ -116,14 +118,17 @@ class ProduceWireServer:
                  fetch: Callable[[rmq_pb2.FetchRequest, tuple], bytes] | None = None,
                  submit: Callable[[rmq_pb2.ProduceBatchesRequest], list] | None = None,
                  finish: Callable[[rmq_pb2.ProduceBatchesRequest, list], rmq_pb2.ProduceBatchesResponse]
-                 | None = None):
+                 | None = None, unary: dict | None = None):
         """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
         the token in its hello (or its client certificate) and each request checked
         as gRPC's ``ProduceBatches`` is (a fetch is checked by ``fetch`` itself).
         ``submit``/``finish``: ``handle`` in two steps (the servicer's
         ``submit_batches``/``finish_batches``): a connection then keeps reading while
-        its requests commit (``_Answers``)."""
+        its requests commit (``_Answers``). ``unary``: method name -> ``fn(request)``
+        answering KvPut and KvRead on the connection's thread (``server/kv.py``), each
+        request checked by ``gate`` as its gRPC call is."""
         self._handle = handle
+        self._unary = unary or {}
         self._submit, self._finish = (submit, finish) if submit and finish else (None, None)
         self._fetch = fetch
         self._gate = gate
@@ -269,8 +274,12 @@ class ProduceWireServer:
     def _answer(self, method: int, body: bytearray, credentials=None) -> tuple[int, bytes]:
         if method == METHOD_FETCH and self._fetch is not None:
             return self._answer_fetch(body, credentials)
+        if method in UNARY_REQUESTS and METHOD_NAMES[method] in self._unary:
+            return self._answer_unary(method, body, credentials)
         if method != METHOD_PRODUCE_BATCHES:
-            served = {m: n for m, n in METHOD_NAMES.items() if m != METHOD_FETCH or self._fetch is not None}
+            served = {m: n for m, n in METHOD_NAMES.items()
+                      if (m != METHOD_FETCH or self._fetch is not None)
+                      and (m not in UNARY_REQUESTS or n in self._unary)}
             return _error(grpc.StatusCode.UNIMPLEMENTED,
                           f"method {method}: the produce stream serves "
                           + ", ".join(f"{m} ({n})" for m, n in sorted(served.items())))
@@ -284,6 +293,24 @@ class ProduceWireServer:
         except Exception:
             log.exception("ProduceBatches over the produce stream failed")
             return _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
+
+    def _answer_unary(self, method: int, body: bytearray, credentials) -> tuple[int, bytes]:
+        """A key-value call, answered here as the servicer answers it over gRPC: a
+        gRPC worker would block in it just the same (a put waits for its commit)."""
+        name = METHOD_NAMES[method]
+        try:
+            request = UNARY_REQUESTS[method].FromString(body)
+        except DecodeError as e:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a {name}Request: {e}")
+        try:
+            if self._gate is not None:
+                self._gate.check_call(name, request, self._gate.principal(*credentials))
+            return 0, self._unary[name](request).SerializeToString()
+        except ServiceError as e:
+            return _error(e.code, e.message)
+        except Exception:
+            log.exception("%s over the produce stream failed", name)
+            return _error(grpc.StatusCode.INTERNAL, f"{name}: internal error (see node log)")
 
     def _answer_fetch(self, body: bytearray, credentials) -> tuple[int, bytes]:
         from .dispatch import CallFailed

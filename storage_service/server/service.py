@@ -475,7 +475,8 @@ class Servers:
 
 
 def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
-                    ssl_context=None, gate=None, metrics=None, fetch=None) -> ProduceWireServer | None:
+                    ssl_context=None, gate=None, metrics=None, fetch=None,
+                    unary: dict | None = None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -488,7 +489,7 @@ def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
     try:
         return ProduceWireServer(servicer.produce_batches, host, int(port), ssl_context=ssl_context, gate=gate,
                                  metrics=metrics, fetch=fetch, submit=servicer.submit_batches,
-                                 finish=servicer.finish_batches)
+                                 finish=servicer.finish_batches, unary=unary)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
@@ -542,7 +543,8 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
     produce = _produce_server(server.servicer, produce_address(c.address), taken, ctx,
-                              gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server))
+                              gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server),
+                              unary={"KvPut": lambda r: kv_put(node, r), "KvRead": lambda r: kv_read(node, r)})
     taken |= {produce_address(a) for a in c.addresses}
     http = _http_server(server, node, taken, ctx)
     return Servers(server, produce, http)
