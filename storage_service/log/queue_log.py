@@ -63,6 +63,12 @@ class QueueLog(SegmentSwaps):
         self._ifd: int | None = None
         self._tfd: int | None = None
         self._idx_since = 0   # bytes appended since the last offset-index entry
+        # (base offset, byte position) of the batches this process appended to the
+        # active segment (``_tail_seg``) since its last offset-index entry: a read near
+        # the end starts at its batch, not up to 64 KiB of batches earlier, each of
+        # them CRC-checked (a tailing consumer, a key-value condition's index catch-up).
+        self._tail: list[tuple[int, int]] = []
+        self._tail_seg: Segment | None = None
         self._index_sizes: tuple[int, int] | None = None   # index file sizes before an append
         self._dirty = False
         self._appends = 0     # appends so far (sync_behind: was anything written meanwhile?)
@@ -253,6 +259,9 @@ class QueueLog(SegmentSwaps):
             if indexed:
                 self._idx_since = 0
             self._idx_since += h.size
+            if indexed or self._tail_seg is not seg:
+                self._tail, self._tail_seg = [], seg
+            self._tail.append((h.base_offset, seg.size))
             seg.size += h.size
             seg.next_offset = h.next_offset
             if seg.first_ts < 0:
@@ -415,6 +424,7 @@ class QueueLog(SegmentSwaps):
                         pass
             self._close_writer()
             self.segments = []
+            self._tail, self._tail_seg = [], None
             self._earliest = start
             self._write_earliest(start)
             self._new_segment(start)
@@ -525,6 +535,8 @@ class QueueLog(SegmentSwaps):
                     self._note_files()
                 size = seg.size
                 idx = read_pairs(seg.file("idx"), IDX_ENTRY)
+                if seg is self._tail_seg and self._tail:
+                    idx += self._tail           # (past the file's last entry: still in order)
             try:
                 out = fn(seg, fd, size, idx, offset)
             finally:

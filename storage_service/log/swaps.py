@@ -68,6 +68,8 @@ class SegmentSwaps:
             seg.close()
             seg.size = pos
             seg.first_ts = first_ts
+            if seg is self._tail_seg:       # its batches moved: the known positions are gone
+                self._tail, self._tail_seg = [], None
             self._note_files()
         return True
 

@@ -390,11 +390,21 @@ def _one_record_batches(q: QueueLog, n: int) -> int:
     return len(frames[0])
 
 
+def _sealed_one_record_batches(qpath) -> tuple[QueueLog, int]:
+    """A queue whose first segment, sealed, holds 3 one-record batches (offsets 0-2),
+    and the size of one frame. A read in a sealed segment starts at its offset
+    index's entry (here byte 0) and parses every batch from there."""
+    size = len(frame_batch(0, 1000, 1, 1, encode_values([b"m000000"])))
+    q = QueueLog(qpath, 3 * size, fsync=False)
+    _one_record_batches(q, 4)                         # the 4th rolls to a new segment
+    assert len(q.segments) == 2
+    return q, size
+
+
 def test_locate_never_jumps_over_a_batch_with_a_bad_header(qpath):
     # Batch 0's length made to cover batch 1: a read at offset 1 must fail as
     # read() does, not answer a span starting at batch 2.
-    q = QueueLog(qpath, fsync=False)
-    size = _one_record_batches(q, 3)
+    q, size = _sealed_one_record_batches(qpath)
     with open(q.segments[0].file("log"), "r+b") as f:
         f.write((2 * size - 8).to_bytes(4, "little"))
     with pytest.raises(CorruptBatch):
@@ -403,10 +413,22 @@ def test_locate_never_jumps_over_a_batch_with_a_bad_header(qpath):
         q.locate(1, 1 << 20)
 
 
-def test_locate_on_a_corrupt_header_raises_corrupt_batch_not_buffer_error(qpath):
-    # locate maps the file; nothing may keep a view of the map alive past the error
+def test_a_read_near_the_end_starts_at_its_batch(qpath):
+    """In the active segment the queue knows where each batch it appended since the last
+    offset-index entry starts: a read there starts at its batch, so a rotten batch
+    before it is not on its way (the scrub finds that one)."""
     q = QueueLog(qpath, fsync=False)
     size = _one_record_batches(q, 3)
+    with open(q.segments[0].file("log"), "r+b") as f:
+        f.write((2 * size - 8).to_bytes(4, "little"))
+    assert [(o, v) for o, _, v in iter_values(q.read(1, 1 << 20), 1)] == [(1, b"m000001"), (2, b"m000002")]
+    with pytest.raises(CorruptBatch):
+        q.read(0, 1 << 20)
+
+
+def test_locate_on_a_corrupt_header_raises_corrupt_batch_not_buffer_error(qpath):
+    # locate maps the file; nothing may keep a view of the map alive past the error
+    q, size = _sealed_one_record_batches(qpath)
     with open(q.segments[0].file("log"), "r+b") as f:
         f.seek(size + 8 + 16)                         # batch 1's record count
         f.write((0).to_bytes(4, "little"))
