@@ -30,19 +30,21 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	touch $@
 
 # The JVM jars: Delta Lake and Hadoop's S3A (with the AWS SDK modules it uses), resolved
-# by Maven (cached in ~/.m2) into jars/; then our Delta log store for S3 (jars/src),
-# compiled against Spark's own Hadoop (the pyspark wheel's jars).
-LOGSTORE_SRC := $(wildcard jars/src/io/rmqspark/delta/*.java)
-$(JARS): jars/pom.xml $(LOGSTORE_SRC) $(STAMP)
+# by Maven (cached in ~/.m2) into jars/; then our own JVM code (jars/src: the Delta log
+# store for S3 and the real-time streaming source format("rocketmq-rt")), compiled with
+# javac against the pyspark wheel's jars (Spark, Hadoop, Jackson) into rmq-spark-jvm.jar.
+JVM_SRC := $(wildcard jars/src/io/rmqspark/*/*.java) jars/src/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister
+$(JARS): jars/pom.xml $(JVM_SRC) $(STAMP)
 	command -v javac >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jdk-headless)
 	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
 	rm -f jars/*.jar
 	mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory=. -DexcludeTransitive=true
-	rm -rf build/logstore && mkdir -p build/logstore
-	javac -nowarn --release 17 -d build/logstore \
+	rm -rf build/jvm && mkdir -p build/jvm/META-INF/services
+	javac -nowarn --release 17 -d build/jvm \
 	  -cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')/*:jars/*" \
-	  $(LOGSTORE_SRC)
-	jar cf jars/rmq-spark-logstore.jar -C build/logstore .
+	  $(filter %.java,$(JVM_SRC))
+	cp jars/src/META-INF/services/* build/jvm/META-INF/services/
+	jar cf jars/rmq-spark-jvm.jar -C build/jvm .
 	touch $@
 
 jars: $(JARS)

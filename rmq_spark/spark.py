@@ -19,7 +19,7 @@ JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path
 
 # Our Delta log store for S3 (jars/src): a commit is a put that fails if the file exists.
 CONDITIONAL_LOG_STORE = "io.rmqspark.delta.ConditionalPutLogStore"
-_NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-logstore")
+_NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-jvm")
 
 
 def delta_jars() -> list[str]:
@@ -28,7 +28,7 @@ def delta_jars() -> list[str]:
     missing = [n for n in _NEEDED_JARS if not any(os.path.basename(j).startswith(n) for j in jars)]
     if missing:
         raise FileNotFoundError(f"{', '.join(missing)} not in {JARS_DIR}: run `make jars` (Maven "
-                                "resolves jars/pom.xml; the log store is built from jars/src), "
+                                "resolves jars/pom.xml; our JVM code is built from jars/src), "
                                 "or point RMQ_SPARK_JARS at a folder holding them")
     return jars
 

@@ -1,0 +1,159 @@
+package io.rmqspark.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+
+import java.io.IOException;
+import java.net.URI;
+import java.net.URLEncoder;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * The storage nodes' HTTP API (storage_service/http/api.py), as the JVM source uses it:
+ * a topic's queues with their leaders and offsets, and a queue's messages from an offset,
+ * long-polling (wait_ms) so a read wakes when a message is appended. A node that does not
+ * lead the queue answers 307 to the leader, which the client follows; a node that does
+ * not answer is skipped for the next one.
+ */
+final class NodeApi {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  /** The time a call may take beyond its long poll before it counts as lost. */
+  private static final long SLACK_MS = 10_000;
+
+  private final List<String> nodes;        // host:port of each node's HTTP port
+  private final String token;
+  private final HttpClient http;
+
+  NodeApi(List<String> grpcEndpoints, String token) {
+    this.nodes = new ArrayList<>();
+    for (String e : grpcEndpoints) {
+      this.nodes.add(httpAddress(e));
+    }
+    this.token = token;
+    this.http = HttpClient.newBuilder()
+        .followRedirects(HttpClient.Redirect.NORMAL)
+        .connectTimeout(Duration.ofSeconds(3))
+        .build();
+  }
+
+  /** A node's HTTP port: its gRPC port + 4 (storage_service/protocol/placement.py). */
+  static String httpAddress(String grpcAddress) {
+    int colon = grpcAddress.lastIndexOf(':');
+    if (colon < 0) {
+      throw new IllegalArgumentException("endpoint " + grpcAddress + ": give host:port");
+    }
+    int port = Integer.parseInt(grpcAddress.substring(colon + 1).trim());
+    return grpcAddress.substring(0, colon).trim() + ":" + (port + 4);
+  }
+
+  static final class Queue {
+    final int queue;
+    final long earliest;
+    final long latest;
+    final String leader;        // gRPC address, or "" when none is known
+
+    Queue(int queue, long earliest, long latest, String leader) {
+      this.queue = queue;
+      this.earliest = earliest;
+      this.latest = latest;
+      this.leader = leader;
+    }
+  }
+
+  /** The topic's queues (their number, offsets and leaders). */
+  List<Queue> describe(String topic, long deadlineMs) throws IOException {
+    JsonNode got = get(null, "/v1/topics/" + enc(topic), 0, deadlineMs);
+    List<Queue> out = new ArrayList<>();
+    for (JsonNode q : got.path("queues")) {
+      out.add(new Queue(q.path("queue").asInt(), q.path("earliest").asLong(), q.path("latest").asLong(),
+          q.path("leader").asText("")));
+    }
+    return out;
+  }
+
+  /** Messages of ``queue`` from ``offset`` on: the JSON answer of the Fetch route. */
+  JsonNode fetch(String leaderGrpc, String topic, int queue, long offset, int max, long waitMs, long deadlineMs)
+      throws IOException {
+    String path = "/v1/topics/" + enc(topic) + "/queues/" + queue + "/messages?offset=" + offset
+        + "&max=" + max + "&wait_ms=" + waitMs + "&encoding=base64";
+    return get(leaderGrpc == null || leaderGrpc.isEmpty() ? null : httpAddress(leaderGrpc), path, waitMs,
+        deadlineMs);
+  }
+
+  /**
+   * GET ``path``, first from ``first`` (if given), then from each node in turn, until one
+   * answers or ``deadlineMs`` passes. An error the node answered with a reason (a topic
+   * that does not exist, a bad offset) is raised at once; not-leader answers are followed.
+   */
+  private JsonNode get(String first, String path, long waitMs, long deadlineMs) throws IOException {
+    List<String> order = new ArrayList<>();
+    if (first != null) {
+      order.add(first);
+    }
+    order.addAll(nodes);
+    IOException last = null;
+    long pause = 50;
+    while (true) {
+      for (String node : order) {
+        long left = deadlineMs - System.currentTimeMillis();
+        if (left <= 0) {
+          throw last != null ? last : new IOException("no storage node answered " + path);
+        }
+        HttpRequest.Builder req = HttpRequest.newBuilder(URI.create("http://" + node + path))
+            .timeout(Duration.ofMillis(Math.min(left, waitMs + SLACK_MS)))
+            .GET();
+        if (token != null && !token.isEmpty()) {
+          req.header("Authorization", "Bearer " + token);
+        }
+        HttpResponse<byte[]> resp;
+        try {
+          resp = http.send(req.build(), HttpResponse.BodyHandlers.ofByteArray());
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new IOException("interrupted while asking " + node + path, e);
+        } catch (IOException e) {
+          last = new IOException("storage node " + node + " did not answer " + path + ": " + e, e);
+          continue;
+        }
+        if (resp.statusCode() == 200) {
+          return JSON.readTree(resp.body());
+        }
+        String why = new String(resp.body(), StandardCharsets.UTF_8);
+        try {
+          JsonNode err = JSON.readTree(resp.body()).path("error");
+          if (!err.isMissingNode()) {
+            why = err.path("code").asText() + ": " + err.path("message").asText();
+          }
+        } catch (IOException ignored) {
+          // not JSON: the body as it came
+        }
+        IOException failed = new IOException("storage node " + node + " answered " + path + " with "
+            + resp.statusCode() + " " + why);
+        if (resp.statusCode() == 503 || resp.statusCode() == 502 || resp.statusCode() == 504
+            || resp.statusCode() == 429) {
+          last = failed;         // no leader now, or at a limit: another node, then again
+          continue;
+        }
+        throw failed;
+      }
+      order = nodes;             // the hint did not answer: every node from now on
+      try {
+        Thread.sleep(Math.min(pause, Math.max(1, deadlineMs - System.currentTimeMillis())));
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IOException("interrupted", e);
+      }
+      pause = Math.min(1000, pause * 2);
+    }
+  }
+
+  private static String enc(String s) {
+    return URLEncoder.encode(s, StandardCharsets.UTF_8).replace("+", "%20");
+  }
+}

@@ -1,0 +1,160 @@
+package io.rmqspark.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.util.ArrayBasedMapData;
+import org.apache.spark.sql.catalyst.util.GenericArrayData;
+import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
+import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeRead;
+import org.apache.spark.unsafe.types.UTF8String;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.List;
+import java.util.zip.CRC32;
+
+/**
+ * Reads one queue. A micro-batch task reads [start, end) and ends; a real-time task reads
+ * from start until Spark ends the batch, each fetch a long poll of at most a second (the
+ * node answers as soon as a message is appended). ``getOffset`` is the offset after the
+ * last row handed out: what was fetched and not handed out is fetched again next batch.
+ */
+final class RtReader implements SupportsRealTimeRead<InternalRow> {
+  private static final long POLL_MS = 1000;
+  private static final long CALL_MS = 60_000;     // a fetch that finds no node for this long fails the task
+
+  private final RtPartition p;
+  private final NodeApi api;
+  private final UTF8String topic;
+  private final long topicCrc;
+  private final ArrayDeque<JsonNode> buffered = new ArrayDeque<>();
+  private long next;
+  private String leader = "";
+  private InternalRow current;
+
+  RtReader(RtPartition p) {
+    this.p = p;
+    this.api = new NodeApi(p.opts.endpoints, p.opts.token);
+    this.topic = UTF8String.fromString(p.topic);
+    CRC32 crc = new CRC32();
+    crc.update(p.topic.getBytes(StandardCharsets.UTF_8));
+    this.topicCrc = crc.getValue();
+    this.next = p.start;
+  }
+
+  @Override
+  public boolean next() throws IOException {
+    while (true) {
+      if (take()) {
+        return true;
+      }
+      if (next >= p.end) {
+        return false;
+      }
+      fill(0);
+    }
+  }
+
+  @Override
+  public RecordStatus nextWithTimeout(Long startTimeMs, Long timeoutMs) throws IOException {
+    long deadline = startTimeMs + timeoutMs;
+    while (true) {
+      if (take()) {
+        return RecordStatus.newStatusWithArrivalTimeMs(lastStoreTs);
+      }
+      long left = deadline - System.currentTimeMillis();
+      if (left <= 0) {
+        return RecordStatus.newStatusWithoutArrivalTime(false);
+      }
+      fill(Math.min(left, POLL_MS));
+    }
+  }
+
+  private long lastStoreTs;
+
+  /** The next buffered message within the partition's range as ``current``. */
+  private boolean take() {
+    JsonNode m = buffered.poll();
+    if (m == null) {
+      return false;
+    }
+    long offset = m.path("offset").asLong();
+    if (offset >= p.end) {
+      buffered.clear();
+      return false;
+    }
+    lastStoreTs = m.path("timestamp").asLong();
+    current = row(m, offset);
+    next = offset + 1;
+    return true;
+  }
+
+  private void fill(long waitMs) throws IOException {
+    int max = p.end == Long.MAX_VALUE ? p.opts.maxMessagesPerFetch
+        : (int) Math.min(p.opts.maxMessagesPerFetch, p.end - next);
+    JsonNode got = api.fetch(leader, p.topic, p.queue, next, Math.max(1, max), waitMs,
+        System.currentTimeMillis() + waitMs + CALL_MS);
+    leader = got.path("served_by").asText("");
+    int n = 0;
+    for (JsonNode m : got.path("messages")) {
+      if (m.path("offset").asLong() >= next) {
+        buffered.add(m);
+        n++;
+      }
+    }
+    if (n == 0) {
+      // nothing at next: a gap (compaction, a tag filter) the node stepped over, or the end
+      next = Math.min(Math.max(next, got.path("next_offset").asLong(next)), p.end);
+    }
+  }
+
+  private InternalRow row(JsonNode m, long offset) {
+    JsonNode props = m.path("properties");
+    List<UTF8String> keys = new ArrayList<>();
+    List<UTF8String> values = new ArrayList<>();
+    props.fields().forEachRemaining(e -> {
+      keys.add(UTF8String.fromString(e.getKey()));
+      values.add(UTF8String.fromString(e.getValue().asText()));
+    });
+    return new GenericInternalRow(new Object[] {
+        bytes(m.get("key")),
+        bytes(m.get("value")),
+        topic,
+        p.queue,
+        offset,
+        m.path("timestamp").asLong() * 1000L,
+        m.path("born_timestamp").asLong() * 1000L,
+        UTF8String.fromString(m.path("tags").asText("")),
+        new ArrayBasedMapData(new GenericArrayData(keys.toArray()), new GenericArrayData(values.toArray())),
+        UTF8String.fromString(String.format("%08X%04X%016X", topicCrc, p.queue, offset)),
+    });
+  }
+
+  private static byte[] bytes(JsonNode v) {
+    if (v == null || v.isNull()) {
+      return null;
+    }
+    if (v.isObject()) {
+      return Base64.getDecoder().decode(v.path("base64").asText(""));
+    }
+    return v.asText().getBytes(StandardCharsets.UTF_8);
+  }
+
+  @Override
+  public InternalRow get() {
+    return current;
+  }
+
+  @Override
+  public PartitionOffset getOffset() {
+    return new RtPartition.Position(p.topic, p.queue, next);
+  }
+
+  @Override
+  public void close() {
+  }
+}

@@ -1,0 +1,135 @@
+package io.rmqspark.spark;
+
+import org.apache.spark.sql.connector.read.InputPartition;
+import org.apache.spark.sql.connector.read.PartitionReaderFactory;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
+import org.apache.spark.sql.connector.read.streaming.Offset;
+import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
+import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeMode;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+
+/**
+ * The stream of ``format("rocketmq-rt")``. In micro-batch mode each batch reads every
+ * queue from the last batch's end to the latest offsets; in real-time mode each batch
+ * reads every queue from the last batch's end for the batch's duration, and the tasks'
+ * own positions (``RtReader.getOffset``) become the next start (``mergeOffsets``).
+ * The queues of a topic are those it had when the query started.
+ */
+final class RtStream implements MicroBatchStream, SupportsRealTimeMode {
+  private static final long DESCRIBE_MS = 30_000;
+
+  private final RtOptions opts;
+  private final NodeApi api;
+  private RtOffset initial;
+
+  RtStream(RtOptions opts) {
+    this.opts = opts;
+    this.api = new NodeApi(opts.endpoints, opts.token);
+  }
+
+  private Map<String, List<NodeApi.Queue>> describe() {
+    Map<String, List<NodeApi.Queue>> out = new TreeMap<>();
+    try {
+      for (String t : opts.topics) {
+        out.put(t, api.describe(t, System.currentTimeMillis() + DESCRIBE_MS));
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    return out;
+  }
+
+  @Override
+  public Offset initialOffset() {
+    if (initial == null) {          // one answer: Spark asks more than once as a query starts
+      Map<String, Map<Integer, Long>> pos = new TreeMap<>();
+      describe().forEach((t, queues) -> {
+        Map<Integer, Long> qs = new TreeMap<>();
+        for (NodeApi.Queue q : queues) {
+          long at;
+          Long given = opts.startingJson == null ? null : opts.startingJson.getOrDefault(t, Map.of()).get(q.queue);
+          if (given != null && given >= 0) {
+            at = Math.max(given, q.earliest);
+          } else if ((given != null && given == -2) || "earliest".equals(opts.starting)
+              || (given == null && opts.startingJson != null)) {
+            at = q.earliest;        // (JSON without this queue: earliest, as the Python source)
+          } else {
+            at = q.latest;
+          }
+          qs.put(q.queue, at);
+        }
+        pos.put(t, qs);
+      });
+      initial = new RtOffset(pos);
+    }
+    return initial;
+  }
+
+  @Override
+  public Offset latestOffset() {
+    Map<String, Map<Integer, Long>> pos = new TreeMap<>();
+    describe().forEach((t, queues) -> {
+      Map<Integer, Long> qs = new TreeMap<>();
+      for (NodeApi.Queue q : queues) {
+        qs.put(q.queue, q.latest);
+      }
+      pos.put(t, qs);
+    });
+    return new RtOffset(pos);
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions(Offset start, Offset end) {
+    Map<String, Map<Integer, Long>> s = ((RtOffset) start).positions;
+    List<InputPartition> parts = new ArrayList<>();
+    ((RtOffset) end).positions.forEach((t, qs) -> qs.forEach((q, to) -> {
+      long from = s.getOrDefault(t, Map.of()).getOrDefault(q, 0L);
+      if (to > from) {
+        parts.add(new RtPartition(opts, t, q, from, to));
+      }
+    }));
+    return parts.toArray(new InputPartition[0]);
+  }
+
+  @Override
+  public InputPartition[] planInputPartitions(Offset start) {
+    List<InputPartition> parts = new ArrayList<>();
+    ((RtOffset) start).positions.forEach((t, qs) -> qs.forEach((q, from) ->
+        parts.add(new RtPartition(opts, t, q, from, Long.MAX_VALUE))));
+    return parts.toArray(new InputPartition[0]);
+  }
+
+  @Override
+  public Offset mergeOffsets(PartitionOffset[] offsets) {
+    Map<String, Map<Integer, Long>> pos = new TreeMap<>();
+    for (PartitionOffset o : offsets) {
+      RtPartition.Position p = (RtPartition.Position) o;
+      pos.computeIfAbsent(p.topic, k -> new TreeMap<>()).put(p.queue, p.next);
+    }
+    return new RtOffset(pos);
+  }
+
+  @Override
+  public PartitionReaderFactory createReaderFactory() {
+    return partition -> new RtReader((RtPartition) partition);
+  }
+
+  @Override
+  public Offset deserializeOffset(String json) {
+    return RtOffset.fromJson(json);
+  }
+
+  @Override
+  public void commit(Offset end) {
+  }
+
+  @Override
+  public void stop() {
+  }
+}
