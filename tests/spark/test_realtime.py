@@ -1,0 +1,139 @@
+"""format("rocketmq-rt"): the JVM source that Spark's real-time mode accepts (issue 41).
+
+Real Spark with the real trigger (``trigger(realTime=...)``), a real 3-node cluster:
+every message read once, positions checkpointed as the Python source writes them (a
+query switches source and trigger and resumes where it was), the same rows as
+``format("rocketmq")``, and options refused naming what is wrong.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+import pytest
+
+from rmq_spark.client import Client, Message
+
+from ..conftest import start_cluster, wait_until
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = start_cluster(tmp_path_factory.mktemp("rt-cluster"))
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with Client(cluster.endpoints, timeout=30) as c:
+        yield c
+
+
+def _files_sink(folder: str):
+    """A foreach sink (Python; real-time mode accepts it) writing one file per row."""
+    def write(row):
+        with open(os.path.join(folder, f"{row.queue}-{row.offset}"), "w") as f:
+            f.write(row.value.decode())
+    return write
+
+
+def _committed_end(checkpoint: str) -> dict | None:
+    """Where the last batch that completed ended (in real-time mode a batch's offsets and
+    its commit are written as it ends)."""
+    done = glob.glob(os.path.join(checkpoint, "commits", "[0-9]*"))
+    if not done:
+        return None
+    last = max(int(os.path.basename(p)) for p in done)
+    with open(os.path.join(checkpoint, "offsets", str(last))) as f:
+        return json.loads(f.read().splitlines()[-1])
+
+
+def _running(query) -> bool:
+    """True while the query runs; its error, if it failed, as the test's."""
+    if query.exception() is not None:
+        raise AssertionError(f"the query failed: {query.exception()}")
+    return True
+
+
+def test_a_real_time_query_reads_every_message_once_and_resumes_with_the_python_source(
+        spark, cluster, client, tmp_path):
+    client.create_topic("rt-once", queues=2)
+    for q in (0, 1):
+        client.produce("rt-once", [Message(b"before-%d-%d" % (q, i)) for i in range(3)], queue=q)
+    out, chk = tmp_path / "rows", str(tmp_path / "chk")
+    out.mkdir()
+    query = (spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints)
+             .option("topic", "rt-once").option("startingOffsets", "earliest").load()
+             .writeStream.foreach(_files_sink(str(out))).outputMode("update")
+             .trigger(realTime="5 seconds").option("checkpointLocation", chk).start())
+    try:
+        sent = {f"{q}-{i}" for q in (0, 1) for i in range(3)}
+        for i in range(10):                       # while the tasks wait on their queues
+            r = client.produce("rt-once", [Message(b"live-%d" % i)], queue=i % 2)[0]
+            sent.add(f"{i % 2}-{r.base_offset}")
+            time.sleep(0.1)
+        wait_until(lambda: _running(query) and set(os.listdir(out)) >= sent, timeout=120,
+                   what="every message in the sink")
+        # a batch that ended after the last message: its end is checkpointed
+        wait_until(lambda: _running(query) and _committed_end(chk) == {"rt-once": {"0": 8, "1": 8}}, timeout=60,
+                   what="the positions after every message in the checkpoint")
+    finally:
+        query.stop()
+    assert set(os.listdir(out)) == sent                    # nothing else, no offset twice
+    assert open(out / "0-3").read() == "live-0"
+    # The same checkpoint, now read by the Python source in a micro-batch: only what came since.
+    client.produce("rt-once", [Message(b"after-0")], queue=0)
+    client.produce("rt-once", [Message(b"after-1")], queue=1)
+    after = (spark.readStream.format("rocketmq").option("endpoints", cluster.endpoints)
+             .option("topic", "rt-once").load()
+             .writeStream.foreach(_files_sink(str(tmp_path / "after"))).trigger(availableNow=True)
+             .option("checkpointLocation", chk).start())
+    (tmp_path / "after").mkdir()
+    after.awaitTermination(120)
+    assert after.exception() is None
+    assert {n: (tmp_path / "after" / n).read_text() for n in os.listdir(tmp_path / "after")} == \
+        {"0-8": "after-0", "1-8": "after-1"}
+
+
+def test_micro_batches_read_the_rows_the_python_source_reads(spark, cluster, client):
+    client.create_topic("rt-rows", queues=2)
+    client.produce("rt-rows", [Message(b"v-%d" % i, key=b"k-%d" % i, tags="TagA",
+                                       properties={"p": str(i)}) for i in range(5)], queue=0)
+    client.produce("rt-rows", [Message(b"\xff\x00binary", key=None), Message(None, key=b"gone")], queue=1)
+    got = {}
+    for fmt in ("rocketmq", "rocketmq-rt"):
+        name = "rows_" + fmt.replace("-", "_")
+        q = (spark.readStream.format(fmt).option("endpoints", cluster.endpoints).option("topic", "rt-rows")
+             .option("startingOffsets", "earliest").load()
+             .writeStream.format("memory").queryName(name).trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        got[fmt] = sorted((tuple(r) for r in spark.sql(f"select * from {name}").collect()), key=lambda r: (r[3], r[4]))
+    assert len(got["rocketmq"]) == 7
+    assert got["rocketmq-rt"] == got["rocketmq"]
+    assert spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
+        .option("topic", "rt-rows").load().schema == \
+        spark.readStream.format("rocketmq").option("endpoints", cluster.endpoints) \
+        .option("topic", "rt-rows").load().schema
+
+
+@pytest.mark.parametrize("options, says", [
+    ({"topic": "t"}, "option endpoints: required"),
+    ({"endpoints": "127.0.0.1:1"}, "option topic: required"),
+    ({"endpoints": "127.0.0.1:1", "topic": "t", "maxOffsetsPerTrigger": "5"},
+     "option maxOffsetsPerTrigger is not taken by format(\"rocketmq-rt\")"),
+    ({"endpoints": "127.0.0.1:1", "topic": "t", "startingOffsets": "{\"t\": {\"x\": 1}}"},
+     "option startingOffsets: topic t queue x"),
+    ({"endpoints": "127.0.0.1:1", "topic": "t", "startingOffsets": "soon"},
+     "option startingOffsets: soon: not earliest, latest or JSON"),
+])
+def test_bad_options_are_refused_at_load_naming_the_option(spark, options, says):
+    reader = spark.readStream.format("rocketmq-rt")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    with pytest.raises(Exception, match=says.replace("(", r"\(").replace(")", r"\)")):
+        reader.load()
