@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Streaming latency: a message produced every 10 ms -> visible in ``foreachBatch``.
+"""Streaming latency: a message produced every 10 ms -> in the sink's hands.
 
 rmq-spark (``format("rocketmq")`` on a 3-node LocalCluster, ``--fsync
 always``) against Apache Kafka 4.4 (3 KRaft brokers, ``bench/_kafka.py``)
@@ -8,8 +8,16 @@ with Spark's own Kafka source, as shipped and tuned (``kafka.fetch.max.wait.ms
 soon as the last one ends) into a ``foreachBatch`` function on the driver.
 A message's latency is the time its row was in that function's hands (after
 ``collect``) minus the time its produce call started (acks from all in-sync replicas; rmq: a
-majority, fsynced). The systems take turns ``--rounds`` times, each round on
-fresh clusters; the table shows the median of each round's p50 and p99::
+majority, fsynced; ``Client.produce_batches``, the produce port). The systems take turns ``--rounds`` times, each round on
+fresh clusters; the table shows the median of each round's p50 and p99.
+
+Real-time mode (``trigger(realTime="5 seconds")``, Spark 4.2; issue 41) rows:
+``format("rocketmq-rt")`` (the JVM source) and Spark's Kafka source, each into
+``LatencyProbe`` (jars/src: a JVM ``ForeachWriter``; real-time mode takes no
+``foreachBatch``, and a Python ``foreach`` gets its rows only as the batch ends),
+which notes the wall-clock time each row reached it; latency is that minus the
+wall-clock time its produce call started. A real-time query holds a task slot
+per partition for the whole batch, so the session runs ``local[4]`` (4 queues)::
 
     .venv/bin/python bench/latency.py                    # 30 s a system, 3 rounds
     .venv/bin/python bench/latency.py --seconds 10 --rounds 1
@@ -32,7 +40,10 @@ log = logging.getLogger("bench.latency")
 RMQ = "rmq-spark 3-node (format rocketmq)"
 KAFKA_SHIPPED = "Kafka 4.4 3 brokers + Spark's Kafka source (shipped)"
 KAFKA_TUNED = "Kafka 4.4 3 brokers + Spark's Kafka source (fetch.max.wait.ms=10)"
-ROWS = (RMQ, KAFKA_SHIPPED, KAFKA_TUNED)
+RMQ_RT = "rmq-spark 3-node (format rocketmq-rt, real-time mode)"
+KAFKA_RT = "Kafka 4.4 3 brokers + Spark's Kafka source (real-time mode)"
+ROWS = (RMQ, KAFKA_SHIPPED, KAFKA_TUNED, RMQ_RT, KAFKA_RT)
+RT_BATCH = "5 seconds"      # spark.sql.streaming.realTimeMode.minBatchDuration's default
 # Spark's StreamingQueryProgress.durationMs parts of a micro-batch, in the order they run.
 PHASES = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets",
           "triggerExecution")
@@ -43,7 +54,7 @@ def session():
     from _kafka import spark_kafka_jars
     from rmq_spark.spark import delta_jars, session_builder
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return (session_builder("rmq-bench-latency", master="local[2]")
+    return (session_builder("rmq-bench-latency", master=f"local[{QUEUES}]")
             .config("spark.jars", ",".join(delta_jars() + spark_kafka_jars()))
             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
@@ -109,6 +120,60 @@ def run(spark, stream, produce, seconds: float, root: str, name: str) -> dict:
             "phases": phases}
 
 
+def run_rt(spark, stream, produce, seconds: float, root: str, name: str) -> dict:
+    """``stream`` in real-time mode into the JVM ``LatencyProbe``; produce every 10 ms."""
+    import glob
+    folder = os.path.join(root, f"probe-{ROWS.index(name)}")
+    os.makedirs(folder)
+    w = (stream.writeStream.outputMode("update").trigger(realTime=RT_BATCH)
+         .option("checkpointLocation", os.path.join(root, f"ck-{ROWS.index(name)}")))
+    w._jwrite = w._jwrite.foreach(spark._jvm.io.rmqspark.spark.LatencyProbe(folder))
+    q = w.start()
+
+    def seen() -> dict[int, float]:
+        out: dict[int, float] = {}
+        for path in glob.glob(os.path.join(folder, "*.txt")):
+            with open(path) as f:
+                for line in f:
+                    v, _, us = line.strip().partition(" ")
+                    if us:
+                        out.setdefault(int(v), int(us) / 1e6)
+        return out
+    sent: dict[int, float] = {}
+    try:
+        w_, give_up = 0, time.monotonic() + 90
+        while not any(v < 0 for v in seen()):
+            if q.exception() is not None:
+                raise RuntimeError(f"{name}: the query failed: {q.exception()}")
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{name}: no warm-up message arrived within 90 s")
+            w_ += 1
+            produce(-w_)
+            time.sleep(0.2)
+        time.sleep(2)
+        i, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            due = start + i * 0.010
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            sent[i] = time.time()
+            produce(i)
+            i += 1
+        wait = time.monotonic() + 30
+        while len([v for v in seen() if v >= 0]) < i and time.monotonic() < wait:
+            time.sleep(0.2)
+    finally:
+        q.stop()
+    got = seen()
+    lat = sorted(got[v] - sent[v] for v in sent if v in got)
+    if not lat:
+        return {"name": name, "messages": 0}
+    pick = lambda p: lat[max(0, int(p * len(lat) + 0.999999) - 1)] * 1e3  # noqa: E731
+    return {"name": name, "messages": len(lat), "sent": i, "p50_ms": pick(0.5), "p99_ms": pick(0.99),
+            "phases": {}}
+
+
 def measure_rmq(spark, root: str, seconds: float) -> list[dict]:
     from rmq_spark.client import Client
     from storage_service.local import LocalCluster
@@ -117,8 +182,13 @@ def measure_rmq(spark, root: str, seconds: float) -> list[dict]:
         client.create_topic("latency", queues=QUEUES)
         stream = (spark.readStream.format("rocketmq").option("endpoints", cluster.endpoints)
                   .option("topic", "latency").load())
-        return [run(spark, stream, lambda i: client.produce("latency", [str(i).encode()], queue=i % QUEUES),
-                    seconds, root, RMQ)]
+        # produce_batches: the client's single-call path over the produce port (Kafka's
+        # row uses its C producer with linger.ms=0); acknowledged once a majority fsynced
+        produce = lambda i: client.produce_batches([("latency", i % QUEUES, [str(i).encode()])])  # noqa: E731
+        out = [run(spark, stream, produce, seconds, root, RMQ)]
+        rt = (spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints)
+              .option("topic", "latency").load())
+        return out + [run_rt(spark, rt, produce, seconds, root, RMQ_RT)]
 
 
 def measure_kafka(spark, root: str, seconds: float) -> list[dict]:
@@ -139,6 +209,9 @@ def measure_kafka(spark, root: str, seconds: float) -> list[dict]:
             for key, value in extra.items():
                 reader = reader.option(key, value)
             out.append(run(spark, reader.load(), produce, seconds, root, name))
+        reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", k.bootstrap)
+                  .option("subscribe", "latency").option("startingOffsets", "latest"))
+        out.append(run_rt(spark, reader.load(), produce, seconds, root, KAFKA_RT))
         p.flush(30)
     return out
 
@@ -169,7 +242,8 @@ def main(argv=None) -> int:
                 rounds.append(got)
     finally:
         spark.stop()
-    print(f"\nstreaming latency, produce -> foreachBatch, a message every 10 ms, default trigger; "
+    print(f"\nstreaming latency, produce -> sink (foreachBatch with the default trigger; LatencyProbe "
+          f"in real-time mode, {RT_BATCH} batches), a message every 10 ms; "
           f"{args.seconds:g} s a system, {args.rounds} round(s), median of the rounds' figures\n")
     print("| system | p50 ms | p99 ms | rounds' p50 | rounds' p99 | messages seen / sent (per round) |\n"
           "|---|---:|---:|---|---|---|")
@@ -194,6 +268,9 @@ def main(argv=None) -> int:
     if RMQ in med and KAFKA_TUNED in med:
         print(f"\nrmq / Kafka tuned: p50 {med[RMQ][0] / med[KAFKA_TUNED][0]:.2f}, "
               f"p99 {med[RMQ][1] / med[KAFKA_TUNED][1]:.2f} (target: <= 1.00 both)")
+    if RMQ_RT in med and KAFKA_RT in med:
+        print(f"rmq real-time / Kafka real-time: p50 {med[RMQ_RT][0] / med[KAFKA_RT][0]:.2f}, "
+              f"p99 {med[RMQ_RT][1] / med[KAFKA_RT][1]:.2f} (target: <= 1.00 both)")
     return 0
 
 

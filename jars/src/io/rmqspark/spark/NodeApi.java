@@ -13,6 +13,8 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * The storage nodes' HTTP API (storage_service/http/api.py), as the JVM source uses it:
@@ -26,11 +28,32 @@ final class NodeApi {
   /** The time a call may take beyond its long poll before it counts as lost. */
   private static final long SLACK_MS = 10_000;
 
+  /** One client per cluster and token in a JVM: a real-time query's tasks start every batch. */
+  private static final Map<String, NodeApi> SHARED = new ConcurrentHashMap<>();
+
   private final List<String> nodes;        // host:port of each node's HTTP port
   private final String token;
   private final HttpClient http;
+  /** topic + "/" + queue -> the gRPC address of the node that last served it. */
+  private final Map<String, String> leaders = new ConcurrentHashMap<>();
 
-  NodeApi(List<String> grpcEndpoints, String token) {
+  static NodeApi shared(List<String> grpcEndpoints, String token) {
+    return SHARED.computeIfAbsent(String.join(",", grpcEndpoints) + "|" + (token == null ? "" : token),
+        k -> new NodeApi(grpcEndpoints, token));
+  }
+
+  /** The node that last served ``queue`` of ``topic`` ("" if none is known yet). */
+  String leader(String topic, int queue) {
+    return leaders.getOrDefault(topic + "/" + queue, "");
+  }
+
+  void served(String topic, int queue, String node) {
+    if (node != null && !node.isEmpty()) {
+      leaders.put(topic + "/" + queue, node);
+    }
+  }
+
+  private NodeApi(List<String> grpcEndpoints, String token) {
     this.nodes = new ArrayList<>();
     for (String e : grpcEndpoints) {
       this.nodes.add(httpAddress(e));

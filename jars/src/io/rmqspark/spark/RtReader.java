@@ -33,12 +33,11 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
   private final long topicCrc;
   private final ArrayDeque<JsonNode> buffered = new ArrayDeque<>();
   private long next;
-  private String leader = "";
   private InternalRow current;
 
   RtReader(RtPartition p) {
     this.p = p;
-    this.api = new NodeApi(p.opts.endpoints, p.opts.token);
+    this.api = NodeApi.shared(p.opts.endpoints, p.opts.token);
     this.topic = UTF8String.fromString(p.topic);
     CRC32 crc = new CRC32();
     crc.update(p.topic.getBytes(StandardCharsets.UTF_8));
@@ -96,9 +95,9 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
   private void fill(long waitMs) throws IOException {
     int max = p.end == Long.MAX_VALUE ? p.opts.maxMessagesPerFetch
         : (int) Math.min(p.opts.maxMessagesPerFetch, p.end - next);
-    JsonNode got = api.fetch(leader, p.topic, p.queue, next, Math.max(1, max), waitMs,
+    JsonNode got = api.fetch(api.leader(p.topic, p.queue), p.topic, p.queue, next, Math.max(1, max), waitMs,
         System.currentTimeMillis() + waitMs + CALL_MS);
-    leader = got.path("served_by").asText("");
+    api.served(p.topic, p.queue, got.path("served_by").asText(""));
     int n = 0;
     for (JsonNode m : got.path("messages")) {
       if (m.path("offset").asLong() >= next) {

@@ -30,7 +30,7 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode {
 
   RtStream(RtOptions opts) {
     this.opts = opts;
-    this.api = new NodeApi(opts.endpoints, opts.token);
+    this.api = NodeApi.shared(opts.endpoints, opts.token);
   }
 
   private Map<String, List<NodeApi.Queue>> describe() {
