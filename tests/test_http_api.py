@@ -445,3 +445,24 @@ def test_a_fetch_cut_at_max_points_next_offset_after_the_last_message_shown(clus
         seen += [m["value"] for m in r["messages"]]
         offset = r["next_offset"]
     assert seen == [f"m{i}" for i in range(250)]
+
+
+def test_http_produce_with_a_producer_id_and_sequence_is_stored_once(cluster, client, topic):
+    """The body's producer_id and sequence make a produce idempotent, as over gRPC (the
+    JVM sink of real-time queries writes this way): a retry is answered as a duplicate
+    and stored once; bad identities are refused naming the field."""
+    body = {"messages": [{"value": "once"}], "queue": 1, "producer_id": "http-p", "sequence": 7}
+    first = requests.post(url(cluster, 0, f"/v1/topics/{topic}/messages"), json=body, timeout=TIMEOUT)
+    again = requests.post(url(cluster, 1, f"/v1/topics/{topic}/messages"), json=body, timeout=TIMEOUT)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert first.json()["results"][0]["base_offset"] == again.json()["results"][0]["base_offset"] == 0
+    assert again.json()["results"][0].get("duplicate") is True
+    assert [r.value for r in client.fetch(topic, 1, 0).records] == [b"once"]
+    for bad, field in (({"producer_id": "p", "sequence": 1}, "producer_id"),          # no queue
+                       ({"queue": 1, "producer_id": "p", "sequence": -1}, "sequence"),
+                       ({"queue": 1, "producer_id": "", "sequence": 1}, "producer_id"),
+                       ({"queue": 1, "sequence": 1}, "sequence")):
+        r = requests.post(url(cluster, 0, f"/v1/topics/{topic}/messages"),
+                          json={"messages": [{"value": "no"}], **bad}, timeout=TIMEOUT)
+        assert r.status_code == 400 and field in r.text, (bad, r.text)
+    assert [r.value for r in client.fetch(topic, 1, 0).records] == [b"once"]

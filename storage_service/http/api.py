@@ -193,10 +193,13 @@ def add_routes(http: HttpServer) -> None:
 
 def _produce_request(topic: str, raw: bytes, query_queue: int | None) -> rmq_pb2.ProduceRequest:
     """A produce body (JSON, base64 decoded) as the gRPC request, in the pool."""
-    msgs, queue = messages_from_json(parse_json(raw))
+    msgs, queue, producer, sequence = messages_from_json(parse_json(raw))
     if query_queue is not None:
+        if producer and query_queue < 0:
+            raise BadRequest("queue", "an idempotent produce goes to one queue (0 or more)")
         queue = query_queue
-    return rmq_pb2.ProduceRequest(topic=topic, messages=msgs, queue=-1 if queue is None else queue)
+    return rmq_pb2.ProduceRequest(topic=topic, messages=msgs, queue=-1 if queue is None else queue,
+                                  producer_id=producer, sequence=sequence)
 
 
 def _fetch_json(req: rmq_pb2.FetchRequest, wire: bytes, limit: int, force_base64: bool) -> bytes:

@@ -99,24 +99,38 @@ def parse_message(i: int, m) -> rmq_pb2.Message:
     return out
 
 
-def messages_from_json(body) -> tuple[list[rmq_pb2.Message], int | None]:
-    """A produce body: a JSON array of messages, or {"messages": [...], "queue": N}."""
-    queue = None
+def messages_from_json(body) -> tuple[list[rmq_pb2.Message], int | None, str, int]:
+    """A produce body: a JSON array of messages, or {"messages": [...], "queue": N} with
+    optionally "producer_id" and "sequence" (idempotent: a retry with the same pair is
+    stored once; a queue must be given). Returns (messages, queue, producer id, sequence)."""
+    queue, producer, sequence = None, "", 0
     if isinstance(body, dict):
-        unknown = sorted(set(body) - {"messages", "queue"})
+        unknown = sorted(set(body) - {"messages", "queue", "producer_id", "sequence"})
         if unknown:
             raise BadRequest(unknown[0], "unknown field; the body is an array of messages or "
-                                         "{\"messages\": [...], \"queue\": N}")
+                                         "{\"messages\": [...], \"queue\": N, \"producer_id\": ..., "
+                                         "\"sequence\": N}")
         if "queue" in body and body["queue"] is not None:
             if type(body["queue"]) is not int or not -1 <= body["queue"] <= INT32:
                 raise BadRequest("queue", f"{body['queue']!r}: give a queue number (0 or more; -1: "
                                           "the service picks)")
             queue = body["queue"]
+        if body.get("producer_id") is not None:
+            producer = body["producer_id"]
+            if not isinstance(producer, str) or not producer:
+                raise BadRequest("producer_id", f"{producer!r}: give a non-empty string")
+            if queue is None or queue < 0:
+                raise BadRequest("producer_id", "an idempotent produce goes to one queue: give \"queue\" too")
+            sequence = body.get("sequence")
+            if type(sequence) is not int or not 0 <= sequence <= INT64:
+                raise BadRequest("sequence", f"{sequence!r}: give the call's sequence, an integer 0 or more")
+        elif "sequence" in body:
+            raise BadRequest("sequence", "a sequence belongs to a producer: give \"producer_id\" too")
         body = body.get("messages")
     if not isinstance(body, list):
         raise BadRequest("messages", "give a JSON array of messages ({\"value\": ...}), or "
                                      "{\"messages\": [...], \"queue\": N}")
-    return [parse_message(i, m) for i, m in enumerate(body)], queue
+    return [parse_message(i, m) for i, m in enumerate(body)], queue, producer, sequence
 
 
 def parse_into(body, message):

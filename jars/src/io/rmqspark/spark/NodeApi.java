@@ -109,12 +109,22 @@ final class NodeApi {
         deadlineMs);
   }
 
-  /**
-   * GET ``path``, first from ``first`` (if given), then from each node in turn, until one
-   * answers or ``deadlineMs`` passes. An error the node answered with a reason (a topic
-   * that does not exist, a bad offset) is raised at once; not-leader answers are followed.
-   */
+  /** POST a JSON ``body`` (a produce: idempotent by its producer id and sequence). */
+  JsonNode post(String path, byte[] body, long deadlineMs) throws IOException {
+    return call(null, path, 0, deadlineMs, body);
+  }
+
   private JsonNode get(String first, String path, long waitMs, long deadlineMs) throws IOException {
+    return call(first, path, waitMs, deadlineMs, null);
+  }
+
+  /**
+   * GET ``path`` (or POST ``body``), first at ``first`` (if given), then at each node in
+   * turn, until one answers or ``deadlineMs`` passes. An error the node answered with a
+   * reason (a topic that does not exist, a bad offset) is raised at once; not-leader
+   * answers (307 to the leader) are followed.
+   */
+  private JsonNode call(String first, String path, long waitMs, long deadlineMs, byte[] body) throws IOException {
     List<String> order = new ArrayList<>();
     if (first != null) {
       order.add(first);
@@ -129,8 +139,12 @@ final class NodeApi {
           throw last != null ? last : new IOException("no storage node answered " + path);
         }
         HttpRequest.Builder req = HttpRequest.newBuilder(URI.create("http://" + node + path))
-            .timeout(Duration.ofMillis(Math.min(left, waitMs + SLACK_MS)))
-            .GET();
+            .timeout(Duration.ofMillis(Math.min(left, waitMs + SLACK_MS)));
+        if (body == null) {
+          req.GET();
+        } else {
+          req.header("Content-Type", "application/json").POST(HttpRequest.BodyPublishers.ofByteArray(body));
+        }
         if (token != null && !token.isEmpty()) {
           req.header("Authorization", "Bearer " + token);
         }

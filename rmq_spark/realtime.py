@@ -1,0 +1,28 @@
+"""Real-time mode (Spark 4.2's ``trigger(realTime=...)``) with rmq-spark topics (issue 41).
+
+Reading: ``spark.readStream.format("rocketmq-rt")``, the JVM source (jars/src), which
+real-time mode accepts. Writing: real-time mode refuses the ``format("rocketmq")``
+sink (and ``foreachBatch``); ``to_rocketmq`` attaches the JVM ``ForeachWriter`` we ship
+instead, exactly once across task retries and query restarts::
+
+    from rmq_spark.realtime import to_rocketmq
+    query = to_rocketmq(df.writeStream.outputMode("update").trigger(realTime="5 seconds")
+                          .option("checkpointLocation", path), endpoints, "orders-copy").start()
+"""
+from __future__ import annotations
+
+__all__ = ["to_rocketmq"]
+
+
+def to_rocketmq(writer, endpoints: str, topic: str, *, token: str | None = None,
+                idempotence_key: str | None = None):
+    """``writer`` (a ``DataStreamWriter``) with its rows going to ``topic``: columns ``value``
+    (required), optional ``key``, ``tags``, ``properties``, ``queue``, as the
+    ``format("rocketmq")`` sink takes them. Each task writes as producer
+    ``{idempotence_key or the query id}-{partition}`` with sequences from the batch id
+    and each row's position in its queue, so a replayed batch stores nothing twice.
+    Returns ``writer``, to ``start()``."""
+    jvm = writer._spark._sc._jvm
+    sink = jvm.io.rmqspark.spark.RocketMQWriter(endpoints, topic, token, idempotence_key)
+    writer._jwrite = writer._jwrite.foreach(sink)
+    return writer
