@@ -24,7 +24,7 @@ $(STAMP): setup.py pyproject.toml storage_service/proto/*.proto
 	command -v curl >/dev/null || (apt-get update -q && apt-get install -y -q curl)    # the README's HTTP tour
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test,spark,notebook]' --config-settings editable_mode=compat
+	$(PIP) install -q -e '.[server,test,spark,notebook]' --config-settings editable_mode=compat
 	$(PY) -m compileall -q rmq_spark storage_service pyspark_rocketmq.py
 	$(PY) -m rmq_spark._bytecode
 	touch $@

@@ -42,25 +42,31 @@ setup(
     packages=find_packages(include=["storage_service*", "rmq_spark*"]),
     py_modules=["pyspark_rocketmq"] if os.path.exists("pyspark_rocketmq.py") else [],
     package_data={"storage_service": ["proto/*.proto", "http/*.html"]},
+    # `pip install rmq-spark`: the client, the `rmq` CLI and the Spark connector, which is
+    # what a Spark executor needs (issue 42). The storage service's own packages come with
+    # `rmq-spark[server]` (make demo and make test install it); without them `rmq-storage`
+    # says so (storage_service/launch.py).
     install_requires=[
-        "pysyncobj==0.3.17",
         "grpcio>=1.60",
         "protobuf>=5",
         "crc32c>=2.4",
         "numpy>=1.26",
         "pyarrow>=15",
-        # a cluster's CA and certificates for `rmq-storage local --secure` (security/certs.py)
-        "cryptography>=42",
-        # bearer tokens (security/tokens.py): standard JWTs (HS256) whose signature, expiry
-        # and claims a maintained library checks, readable by any JWT tool
-        "PyJWT>=2.8",
-        # the HTTP port (storage_service/http): an asyncio HTTP server that runs on the gRPC
-        # server's event loop, so HTTP calls share its handlers, limits and parked fetches
-        "aiohttp>=3.9,<4",
-        # /metrics: Prometheus' own client (text format, histograms, process metrics)
-        "prometheus_client>=0.20",
     ],
     extras_require={
+        "server": [
+            "pysyncobj==0.3.17",
+            # a cluster's CA and certificates for `rmq-storage local --secure` (security/certs.py)
+            "cryptography>=42",
+            # bearer tokens (security/tokens.py): standard JWTs (HS256) whose signature, expiry
+            # and claims a maintained library checks, readable by any JWT tool
+            "PyJWT>=2.8",
+            # the HTTP port (storage_service/http): an asyncio HTTP server that runs on the gRPC
+            # server's event loop, so HTTP calls share its handlers, limits and parked fetches
+            "aiohttp>=3.9,<4",
+            # /metrics: Prometheus' own client (text format, histograms, process metrics)
+            "prometheus_client>=0.20",
+        ],
         "spark": ["pyspark==4.2.0", "delta-spark==4.4.1", "pyarrow>=15", "pandas<3"],
         # hypothesis: property-based fuzzing of every RPC and of the block parsers (issue 18)
         # moto[server]: a real S3-compatible server for the object-store tests (issue 21);
@@ -80,7 +86,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "rmq-storage=storage_service.server.cli:main",
+            "rmq-storage=storage_service.launch:main",
             "rmq=rmq_spark.cli.main:main",
         ],
     },

@@ -15,14 +15,16 @@ __all__ = ["to_rocketmq"]
 
 
 def to_rocketmq(writer, endpoints: str, topic: str, *, token: str | None = None,
-                idempotence_key: str | None = None):
+                idempotence_key: str | None = None, tls_ca_file: str | None = None):
     """``writer`` (a ``DataStreamWriter``) with its rows going to ``topic``: columns ``value``
     (required), optional ``key``, ``tags``, ``properties``, ``queue``, as the
     ``format("rocketmq")`` sink takes them. Each task writes as producer
     ``{idempotence_key or the query id}-{partition}`` with sequences from the batch id
     and each row's position in its queue, so a replayed batch stores nothing twice.
+    On a cluster with TLS, ``tls_ca_file`` is its CA (PEM; the nodes' HTTPS) and
+    ``token`` a principal's bearer token with ``produce`` on the topic.
     Returns ``writer``, to ``start()``."""
     jvm = writer._spark._sc._jvm
-    sink = jvm.io.rmqspark.spark.RocketMQWriter(endpoints, topic, token, idempotence_key)
+    sink = jvm.io.rmqspark.spark.RocketMQWriter(endpoints, topic, token, idempotence_key, tls_ca_file)
     writer._jwrite = writer._jwrite.foreach(sink)
     return writer

@@ -145,3 +145,47 @@ def test_tiering_and_compaction_jobs_with_a_token(spark, secure, admin, tmp_path
     table = CompactedTable(str(tmp_path / "table"))
     assert table.get(b"k0").value == b"v2" and table.get(b"k1").value == b"v2"
     assert all(i["compacted"] == 3 for i in admin.describe_topic("compact-tls")["queue_info"])
+
+
+def test_the_real_time_source_and_sink_over_https_with_a_token(spark, secure, admin, app, tmp_path):
+    """format("rocketmq-rt") and the JVM sink (rmq_spark.realtime.to_rocketmq) on a secured
+    cluster: HTTPS checked against the cluster's CA (tlsCaFile), the principal's token
+    (tokenFile, read on the driver). A real-time copy gives every message once; without
+    the CA, or with a token that may not consume, the query fails saying why."""
+    import time
+
+    from rmq_spark.client import Message
+    from rmq_spark.realtime import to_rocketmq
+
+    token, token_file = app
+    admin.create_topic("sp-rt-src", queues=2)
+    admin.create_topic("sp-rt-dst", queues=2)
+    for q in (0, 1):
+        admin.produce("sp-rt-src", [Message(b"s-%d-%d" % (q, i), key=b"k-%d-%d" % (q, i)) for i in range(10)], queue=q)
+
+    def source(**opts):
+        r = spark.readStream.format("rocketmq-rt").option("endpoints", secure.endpoints) \
+            .option("topic", "sp-rt-src").option("startingOffsets", "earliest")
+        for k, v in opts.items():
+            r = r.option(k, v)
+        return r.load()
+    rows = source(tlsCaFile=secure.tls.ca, tokenFile=token_file).select("key", "value")
+    query = to_rocketmq(rows.writeStream.outputMode("update").trigger(realTime="5 seconds")
+                        .option("checkpointLocation", str(tmp_path / "chk")), secure.endpoints, "sp-rt-dst",
+                        token=token, tls_ca_file=secure.tls.ca).start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum(o.latest for o in admin.offsets("sp-rt-dst")) < 20 and time.monotonic() < deadline:
+            assert query.exception() is None, query.exception()
+            time.sleep(0.5)
+    finally:
+        query.stop()
+    copied = sorted(r.value for q in (0, 1) for r in admin.fetch("sp-rt-dst", q, 0).records)
+    assert copied == sorted(b"s-%d-%d" % (q, i) for q in (0, 1) for i in range(10))
+    # no CA: plain HTTP to the nodes' HTTPS ports, refused; no token: not authenticated
+    for opts, says in (({"token": token}, "a cluster with TLS takes HTTPS only: give tlsCaFile"),
+                       ({"tlsCaFile": secure.tls.ca}, "UNAUTHENTICATED")):
+        q = source(**opts).writeStream.format("memory").queryName("rt_refused_" + str(len(opts))) \
+            .trigger(availableNow=True).start()
+        with pytest.raises(Exception, match=says):
+            q.awaitTermination(120)

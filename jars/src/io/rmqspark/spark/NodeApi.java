@@ -4,17 +4,26 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 
 import java.io.IOException;
+import java.io.InputStream;
 import java.net.URI;
 import java.net.URLEncoder;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.security.GeneralSecurityException;
+import java.security.KeyStore;
+import java.security.cert.Certificate;
+import java.security.cert.CertificateFactory;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import javax.net.ssl.SSLContext;
+import javax.net.ssl.TrustManagerFactory;
 
 /**
  * The storage nodes' HTTP API (storage_service/http/api.py), as the JVM source uses it:
@@ -33,13 +42,14 @@ final class NodeApi {
 
   private final List<String> nodes;        // host:port of each node's HTTP port
   private final String token;
+  private final String scheme;             // https on a cluster with TLS (its CA given)
   private final HttpClient http;
   /** topic + "/" + queue -> the gRPC address of the node that last served it. */
   private final Map<String, String> leaders = new ConcurrentHashMap<>();
 
-  static NodeApi shared(List<String> grpcEndpoints, String token) {
-    return SHARED.computeIfAbsent(String.join(",", grpcEndpoints) + "|" + (token == null ? "" : token),
-        k -> new NodeApi(grpcEndpoints, token));
+  static NodeApi shared(List<String> grpcEndpoints, String token, String caFile) {
+    return SHARED.computeIfAbsent(String.join(",", grpcEndpoints) + "|" + (token == null ? "" : token) + "|"
+        + (caFile == null ? "" : caFile), k -> new NodeApi(grpcEndpoints, token, caFile));
   }
 
   /** The node that last served ``queue`` of ``topic`` ("" if none is known yet). */
@@ -53,16 +63,44 @@ final class NodeApi {
     }
   }
 
-  private NodeApi(List<String> grpcEndpoints, String token) {
+  private NodeApi(List<String> grpcEndpoints, String token, String caFile) {
     this.nodes = new ArrayList<>();
     for (String e : grpcEndpoints) {
       this.nodes.add(httpAddress(e));
     }
     this.token = token;
-    this.http = HttpClient.newBuilder()
+    HttpClient.Builder b = HttpClient.newBuilder()
         .followRedirects(HttpClient.Redirect.NORMAL)
-        .connectTimeout(Duration.ofSeconds(3))
-        .build();
+        .connectTimeout(Duration.ofSeconds(3));
+    if (caFile != null && !caFile.isEmpty()) {
+      b.sslContext(trusting(caFile));
+      this.scheme = "https";
+    } else {
+      this.scheme = "http";
+    }
+    this.http = b.build();
+  }
+
+  /** TLS trusting only the certificates of ``caFile`` (PEM), the cluster's CA. */
+  static SSLContext trusting(String caFile) {
+    try (InputStream in = Files.newInputStream(Paths.get(caFile))) {
+      KeyStore store = KeyStore.getInstance(KeyStore.getDefaultType());
+      store.load(null, null);
+      int i = 0;
+      for (Certificate c : CertificateFactory.getInstance("X.509").generateCertificates(in)) {
+        store.setCertificateEntry("ca-" + i++, c);
+      }
+      if (i == 0) {
+        throw new IllegalArgumentException("option tlsCaFile: " + caFile + " holds no PEM certificate");
+      }
+      TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
+      tmf.init(store);
+      SSLContext ctx = SSLContext.getInstance("TLS");
+      ctx.init(null, tmf.getTrustManagers(), null);
+      return ctx;
+    } catch (IOException | GeneralSecurityException e) {
+      throw new IllegalArgumentException("option tlsCaFile: " + caFile + ": " + e.getMessage(), e);
+    }
   }
 
   /** A node's HTTP port: its gRPC port + 4 (storage_service/protocol/placement.py). */
@@ -138,7 +176,7 @@ final class NodeApi {
         if (left <= 0) {
           throw last != null ? last : new IOException("no storage node answered " + path);
         }
-        HttpRequest.Builder req = HttpRequest.newBuilder(URI.create("http://" + node + path))
+        HttpRequest.Builder req = HttpRequest.newBuilder(URI.create(scheme + "://" + node + path))
             .timeout(Duration.ofMillis(Math.min(left, waitMs + SLACK_MS)));
         if (body == null) {
           req.GET();
@@ -154,8 +192,13 @@ final class NodeApi {
         } catch (InterruptedException e) {
           Thread.currentThread().interrupt();
           throw new IOException("interrupted while asking " + node + path, e);
+        } catch (javax.net.ssl.SSLHandshakeException e) {
+          // not a node gone away: its certificate (or the plaintext/TLS choice) is wrong
+          throw new IOException("TLS: the certificate of node " + node + " was not accepted (" + e.getMessage()
+              + "): give tlsCaFile, the cluster's CA (on a cluster without TLS, leave it out)", e);
         } catch (IOException e) {
-          last = new IOException("storage node " + node + " did not answer " + path + ": " + e, e);
+          last = new IOException("storage node " + node + " did not answer " + path + ": " + e
+              + ("http".equals(scheme) ? " (a cluster with TLS takes HTTPS only: give tlsCaFile, its CA)" : ""), e);
           continue;
         }
         if (resp.statusCode() == 200) {

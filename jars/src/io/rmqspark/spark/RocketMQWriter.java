@@ -41,6 +41,7 @@ public final class RocketMQWriter extends ForeachWriter<Row> {
   private final String topic;
   private final String token;
   private final String idempotenceKey;
+  private final String tlsCaFile;
   private transient NodeApi api;
   private transient int queues;
   private transient String producer;
@@ -49,7 +50,7 @@ public final class RocketMQWriter extends ForeachWriter<Row> {
   private transient long rows;
   private transient Map<Integer, Long> positions;
 
-  public RocketMQWriter(String endpoints, String topic, String token, String idempotenceKey) {
+  public RocketMQWriter(String endpoints, String topic, String token, String idempotenceKey, String tlsCaFile) {
     if (topic == null || topic.isEmpty()) {
       throw new IllegalArgumentException("topic: required: the topic to write to");
     }
@@ -58,12 +59,13 @@ public final class RocketMQWriter extends ForeachWriter<Row> {
     this.topic = topic;
     this.token = token;
     this.idempotenceKey = idempotenceKey;
+    this.tlsCaFile = tlsCaFile;
   }
 
   @Override
   public boolean open(long partitionId, long epochId) {
     List<String> eps = Arrays.asList(endpoints.split("\\s*,\\s*"));
-    api = NodeApi.shared(eps, token);
+    api = NodeApi.shared(eps, token, tlsCaFile);
     try {
       queues = api.describe(topic, System.currentTimeMillis() + CALL_MS).size();
     } catch (IOException e) {

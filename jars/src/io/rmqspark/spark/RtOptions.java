@@ -19,7 +19,8 @@ import java.util.TreeSet;
  */
 final class RtOptions implements Serializable {
   static final List<String> KNOWN = Arrays.asList(
-      "endpoints", "topic", "topics", "subscribe", "startingOffsets", "token", "maxMessagesPerFetch");
+      "endpoints", "topic", "topics", "subscribe", "startingOffsets", "token", "tokenFile", "tlsCaFile",
+      "maxMessagesPerFetch");
 
   final List<String> endpoints;
   final List<String> topics;
@@ -27,15 +28,18 @@ final class RtOptions implements Serializable {
   final String starting;
   final Map<String, Map<Integer, Long>> startingJson;
   final String token;
+  final String tlsCaFile;
   final int maxMessagesPerFetch;
 
   private RtOptions(List<String> endpoints, List<String> topics, String starting,
-                    Map<String, Map<Integer, Long>> startingJson, String token, int maxMessagesPerFetch) {
+                    Map<String, Map<Integer, Long>> startingJson, String token, String tlsCaFile,
+                    int maxMessagesPerFetch) {
     this.endpoints = endpoints;
     this.topics = topics;
     this.starting = starting;
     this.startingJson = startingJson;
     this.token = token;
+    this.tlsCaFile = tlsCaFile;
     this.maxMessagesPerFetch = maxMessagesPerFetch;
   }
 
@@ -103,7 +107,24 @@ final class RtOptions implements Serializable {
             + ": give 1 to 10000");
       }
     }
-    return new RtOptions(endpoints, topics, starting, json, opts.get("token"), max);
+    String token = opts.get("token");
+    if (opts.containsKey("tokenFile")) {
+      if (token != null) {
+        throw new IllegalArgumentException("options token and tokenFile: give one");
+      }
+      try {        // read here, on the driver: the executors get the token (as the Python source)
+        token = new String(java.nio.file.Files.readAllBytes(java.nio.file.Paths.get(opts.get("tokenFile"))),
+            java.nio.charset.StandardCharsets.UTF_8).trim();
+      } catch (IOException e) {
+        throw new IllegalArgumentException("option tokenFile: " + opts.get("tokenFile") + " cannot be read ("
+            + e + ")");
+      }
+    }
+    String ca = opts.get("tlsCaFile");
+    if (ca != null && !new java.io.File(ca).canRead()) {
+      throw new IllegalArgumentException("option tlsCaFile: " + ca + " cannot be read");
+    }
+    return new RtOptions(endpoints, topics, starting, json, token, ca, max);
   }
 
   /** {"topic": {"queue": offset}}, -2 earliest and -1 latest, as the Python source takes it. */

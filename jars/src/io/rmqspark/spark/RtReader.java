@@ -37,7 +37,7 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
 
   RtReader(RtPartition p) {
     this.p = p;
-    this.api = NodeApi.shared(p.opts.endpoints, p.opts.token);
+    this.api = NodeApi.shared(p.opts.endpoints, p.opts.token, p.opts.tlsCaFile);
     this.topic = UTF8String.fromString(p.topic);
     CRC32 crc = new CRC32();
     crc.update(p.topic.getBytes(StandardCharsets.UTF_8));

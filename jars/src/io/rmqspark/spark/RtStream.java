@@ -30,7 +30,7 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode {
 
   RtStream(RtOptions opts) {
     this.opts = opts;
-    this.api = NodeApi.shared(opts.endpoints, opts.token);
+    this.api = NodeApi.shared(opts.endpoints, opts.token, opts.tlsCaFile);
   }
 
   private Map<String, List<NodeApi.Queue>> describe() {
