@@ -44,6 +44,16 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    """A 3-node cluster with TLS on every port, a token secret and ACLs (``secure=True``:
+    its CA is ``secure.tls.ca``, the admin's token ``secure.token``), one per module."""
+    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("secure")), secure=True)
+    c.start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
 def client(cluster):
     with Client(cluster.endpoints, timeout=30) as c:
         yield c

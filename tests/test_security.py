@@ -32,11 +32,8 @@ BIN = os.path.dirname(sys.executable)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("secured")), secure=True)
-    c.start()
-    yield c
-    c.stop()
+def cluster(secure):
+    return secure                  # (conftest's secured cluster, under this module's name)
 
 
 @pytest.fixture(scope="module")

@@ -33,14 +33,6 @@ BIN = os.path.dirname(sys.executable)
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("secure")), secure=True)
-    c.start()
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
 def stranger(tmp_path_factory):
     """Files of another CA: a client trusting it, with a certificate it signed."""
     folder = str(tmp_path_factory.mktemp("stranger"))

@@ -295,7 +295,9 @@ def run_local(args) -> int:
         return 2
     stop = _stop_on_signals()
     try:
-        cluster.start(say=lambda line: print(line, flush=True))     # 60 s without progress
+        # Progress goes to stderr: stdout's first line is the endpoints, which scripts read
+        # (a slow start, a busy host, printed "waiting for nodes: ..." first).
+        cluster.start(say=lambda line: print(line, file=sys.stderr, flush=True))     # 60 s without progress
         print(f"endpoints: {cluster.endpoints}", flush=True)
         if cluster.tls is not None:
             print(f"tls-ca: {cluster.tls.ca}", flush=True)

@@ -21,19 +21,6 @@ from ..conftest import start_cluster, wait_until
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = start_cluster(tmp_path_factory.mktemp("rt-cluster"))
-    yield c
-    c.stop()
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with Client(cluster.endpoints, timeout=30) as c:
-        yield c
-
-
 def _files_sink(folder: str):
     """A foreach sink (Python; real-time mode accepts it) writing one file per row."""
     def write(row):

@@ -11,19 +11,10 @@ import os
 import pytest
 
 from rmq_spark.client import Client, TlsFiles
-from storage_service.local import LocalCluster
 
 from ._helpers import Batches
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
-
-
-@pytest.fixture(scope="module")
-def secure(tmp_path_factory):
-    c = LocalCluster(nodes=3, groups=2, data_dir=str(tmp_path_factory.mktemp("spark-tls")), secure=True)
-    c.start()
-    yield c
-    c.stop()
 
 
 @pytest.fixture(scope="module")
