@@ -59,11 +59,12 @@ log = logging.getLogger(__name__)
 FALLBACK_SECONDS = 30.0
 KV_METHODS = {"KvPut": (METHOD_KV_PUT, rmq_pb2.KvPutResponse.FromString),
               "KvRead": (METHOD_KV_READ, rmq_pb2.KvReadResponse.FromString)}
-# Errors of a key-value call over the port that settle it: raised as they are. Others
-# (UNAVAILABLE: not the leader, whose address only the gRPC answer carries) go to gRPC.
+# Errors of a key-value call over the port that settle it: raised as they are. Others go
+# to gRPC, whose answer carries what the caller's retries need (UNAVAILABLE: the leader's
+# address; RESOURCE_EXHAUSTED: the retry-after hint that makes it Overloaded, retried).
 SETTLED = {grpc.StatusCode.ABORTED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
            grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
-           grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+           grpc.StatusCode.UNAUTHENTICATED}
 CONNECT_TIMEOUT = 2.0
 IDLE_CLOSE = 30.0          # a connection unused this long closes (nodes close theirs at 120 s)
 POLL_SECONDS = 0.1         # how late a deadline may be noticed

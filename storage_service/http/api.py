@@ -193,11 +193,7 @@ def add_routes(http: HttpServer) -> None:
 
 def _produce_request(topic: str, raw: bytes, query_queue: int | None) -> rmq_pb2.ProduceRequest:
     """A produce body (JSON, base64 decoded) as the gRPC request, in the pool."""
-    msgs, queue, producer, sequence = messages_from_json(parse_json(raw))
-    if query_queue is not None:
-        if producer and query_queue < 0:
-            raise BadRequest("queue", "an idempotent produce goes to one queue (0 or more)")
-        queue = query_queue
+    msgs, queue, producer, sequence = messages_from_json(parse_json(raw), query_queue)
     return rmq_pb2.ProduceRequest(topic=topic, messages=msgs, queue=-1 if queue is None else queue,
                                   producer_id=producer, sequence=sequence)
 

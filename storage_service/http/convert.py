@@ -99,11 +99,12 @@ def parse_message(i: int, m) -> rmq_pb2.Message:
     return out
 
 
-def messages_from_json(body) -> tuple[list[rmq_pb2.Message], int | None, str, int]:
+def messages_from_json(body, query_queue: int | None = None) -> tuple[list[rmq_pb2.Message], int | None, str, int]:
     """A produce body: a JSON array of messages, or {"messages": [...], "queue": N} with
     optionally "producer_id" and "sequence" (idempotent: a retry with the same pair is
-    stored once; a queue must be given). Returns (messages, queue, producer id, sequence)."""
-    queue, producer, sequence = None, "", 0
+    stored once; a queue must be given, in the body or as ``query_queue``, the URL's
+    ``?queue=``, which wins). Returns (messages, queue, producer id, sequence)."""
+    queue, producer, sequence = query_queue, "", 0
     if isinstance(body, dict):
         unknown = sorted(set(body) - {"messages", "queue", "producer_id", "sequence"})
         if unknown:
@@ -114,7 +115,7 @@ def messages_from_json(body) -> tuple[list[rmq_pb2.Message], int | None, str, in
             if type(body["queue"]) is not int or not -1 <= body["queue"] <= INT32:
                 raise BadRequest("queue", f"{body['queue']!r}: give a queue number (0 or more; -1: "
                                           "the service picks)")
-            queue = body["queue"]
+            queue = body["queue"] if query_queue is None else query_queue
         if body.get("producer_id") is not None:
             producer = body["producer_id"]
             if not isinstance(producer, str) or not producer:

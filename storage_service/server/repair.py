@@ -48,6 +48,9 @@ __all__ = ["Repair"]
 log = logging.getLogger(__name__)
 
 
+DAMAGED_EVERY = 5.0     # seconds between repairs asked for a queue a decision found damaged
+
+
 class Repair:
     def _init_repair(self) -> None:
         self._to_repair: queue.Queue = queue.Queue()
@@ -69,10 +72,24 @@ class Repair:
 
     def check_damaged(self, qname: str) -> None:
         """A queue's copy failed its check where a decision needed it (``Damaged``): repair
-        it. Before the repair thread is set up (a replay at start) the caller tries
-        again on its next tick and asks again."""
-        if hasattr(self, "_to_repair"):
-            self.queue_repair(qname)
+        it. The apply that met it asks again every tick until the copy is whole; a
+        repair is queued at most every ``DAMAGED_EVERY`` seconds (one that found
+        nothing to fix, a batch whose CRC holds but whose block does not parse, must not
+        re-check the queue in a loop). Before the repair thread is set up (a replay at
+        start) the caller asks again later."""
+        if not hasattr(self, "_to_repair"):
+            return
+        now = time.monotonic()
+        asked = getattr(self, "_damaged_asked", None)
+        if asked is None:
+            asked = self._damaged_asked = {}
+        if now - asked.get(qname, -DAMAGED_EVERY) < DAMAGED_EVERY:
+            return
+        if now - asked.get(qname, -60.0) < 60.0:         # asked a moment ago, and still damaged
+            log.error("queue %s: still damaged where a key-value condition must be decided (a repair "
+                      "found nothing to fix, or no peer has a whole copy); its group's applies wait", qname)
+        asked[qname] = now
+        self.queue_repair(qname)
 
     def queue_repair(self, qname: str) -> None:
         with self._repair_lock:

@@ -264,3 +264,41 @@ def test_a_real_time_copy_keeps_going_through_a_leader_kill_a_replica_move_and_a
         client.close()
         cluster.stop()
     assert sorted(copied) == sorted(sent)          # each message once: no loss, no duplicate
+
+
+def test_offsets_retention_removed_fail_the_query_naming_them_or_are_skipped(spark, cluster, client, tmp_path):
+    """A checkpoint whose next offsets retention has cut since: the query fails naming the
+    queue and the missing range (failOnDataLoss, default true), as the Python source; with
+    failOnDataLoss=false it goes on from the queue's earliest offset."""
+    client.create_topic("rt-cut", queues=1)
+    client.produce("rt-cut", [Message(b"first")], queue=0)
+
+    def run(chk: str, **opts):
+        r = spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
+            .option("topic", "rt-cut").option("startingOffsets", "earliest")
+        for k, v in opts.items():
+            r = r.option(k, v)
+        out = tmp_path / f"rows-{len(os.listdir(tmp_path))}"
+        out.mkdir()
+        q = r.load().writeStream.foreach(_files_sink(str(out))).trigger(availableNow=True) \
+            .option("checkpointLocation", chk).start()
+        return q, out
+    chk_fail, chk_skip = str(tmp_path / "chk-fail"), str(tmp_path / "chk-skip")
+    for chk in (chk_fail, chk_skip):
+        q, out = run(chk)
+        q.awaitTermination(120)
+        assert q.exception() is None and os.listdir(out) == ["0-0"]
+    # ~512 KiB more in 64 KiB segments, then a retention of 128 KiB: offsets 1.. are cut
+    for _ in range(8):
+        client.produce("rt-cut", [Message(b"x" * 1024) for _ in range(64)], queue=0)
+    client.alter_topic("rt-cut", retention_bytes=128 << 10)
+    wait_until(lambda: client.offsets("rt-cut")[0].earliest > 1, timeout=60, what="retention to cut")
+    earliest = client.offsets("rt-cut")[0].earliest
+    q, _ = run(chk_fail)
+    with pytest.raises(Exception, match=rf"data loss: topic 'rt-cut' queue 0: offsets 1 to {earliest - 1} are gone"):
+        q.awaitTermination(120)
+    q, out = run(chk_skip, failOnDataLoss="false")
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert min(int(n.split("-")[1]) for n in os.listdir(out)) == earliest
+    assert len(os.listdir(out)) == 513 - earliest

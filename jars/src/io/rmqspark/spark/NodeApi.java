@@ -205,15 +205,17 @@ final class NodeApi {
           return JSON.readTree(resp.body());
         }
         String why = new String(resp.body(), StandardCharsets.UTF_8);
+        String code = "";
         try {
           JsonNode err = JSON.readTree(resp.body()).path("error");
           if (!err.isMissingNode()) {
-            why = err.path("code").asText() + ": " + err.path("message").asText();
+            code = err.path("code").asText();
+            why = code + ": " + err.path("message").asText();
           }
         } catch (IOException ignored) {
           // not JSON: the body as it came
         }
-        IOException failed = new IOException("storage node " + node + " answered " + path + " with "
+        NodeError failed = new NodeError(code, "storage node " + node + " answered " + path + " with "
             + resp.statusCode() + " " + why);
         if (resp.statusCode() == 503 || resp.statusCode() == 502 || resp.statusCode() == 504
             || resp.statusCode() == 429) {
@@ -230,6 +232,16 @@ final class NodeApi {
         throw new IOException("interrupted", e);
       }
       pause = Math.min(1000, pause * 2);
+    }
+  }
+
+  /** An answer of a node that settles the call: its gRPC code (OUT_OF_RANGE, NOT_FOUND, ...). */
+  static final class NodeError extends IOException {
+    final String code;
+
+    NodeError(String code, String message) {
+      super(message);
+      this.code = code;
     }
   }
 

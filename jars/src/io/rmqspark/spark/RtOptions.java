@@ -20,7 +20,7 @@ import java.util.TreeSet;
 final class RtOptions implements Serializable {
   static final List<String> KNOWN = Arrays.asList(
       "endpoints", "topic", "topics", "subscribe", "startingOffsets", "token", "tokenFile", "tlsCaFile",
-      "maxMessagesPerFetch");
+      "failOnDataLoss", "maxMessagesPerFetch");
 
   final List<String> endpoints;
   final List<String> topics;
@@ -30,10 +30,11 @@ final class RtOptions implements Serializable {
   final String token;
   final String tlsCaFile;
   final int maxMessagesPerFetch;
+  final boolean failOnDataLoss;
 
   private RtOptions(List<String> endpoints, List<String> topics, String starting,
                     Map<String, Map<Integer, Long>> startingJson, String token, String tlsCaFile,
-                    int maxMessagesPerFetch) {
+                    int maxMessagesPerFetch, boolean failOnDataLoss) {
     this.endpoints = endpoints;
     this.topics = topics;
     this.starting = starting;
@@ -41,6 +42,7 @@ final class RtOptions implements Serializable {
     this.token = token;
     this.tlsCaFile = tlsCaFile;
     this.maxMessagesPerFetch = maxMessagesPerFetch;
+    this.failOnDataLoss = failOnDataLoss;
   }
 
   static RtOptions parse(Map<String, String> raw) {
@@ -124,7 +126,11 @@ final class RtOptions implements Serializable {
     if (ca != null && !new java.io.File(ca).canRead()) {
       throw new IllegalArgumentException("option tlsCaFile: " + ca + " cannot be read");
     }
-    return new RtOptions(endpoints, topics, starting, json, token, ca, max);
+    String fail = opts.getOrDefault("failOnDataLoss", "true").trim().toLowerCase(Locale.ROOT);
+    if (!fail.equals("true") && !fail.equals("false")) {
+      throw new IllegalArgumentException("option failOnDataLoss: " + opts.get("failOnDataLoss") + ": give true or false");
+    }
+    return new RtOptions(endpoints, topics, starting, json, token, ca, max, fail.equals("true"));
   }
 
   /** {"topic": {"queue": offset}}, -2 earliest and -1 latest, as the Python source takes it. */

@@ -84,6 +84,7 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
     long offset = m.path("offset").asLong();
     if (offset >= p.end) {
       buffered.clear();
+      next = p.end;            // nothing left below the end (compaction removed the rest)
       return false;
     }
     lastStoreTs = m.path("timestamp").asLong();
@@ -95,8 +96,17 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
   private void fill(long waitMs) throws IOException {
     int max = p.end == Long.MAX_VALUE ? p.opts.maxMessagesPerFetch
         : (int) Math.min(p.opts.maxMessagesPerFetch, p.end - next);
-    JsonNode got = api.fetch(api.leader(p.topic, p.queue), p.topic, p.queue, next, Math.max(1, max), waitMs,
-        System.currentTimeMillis() + waitMs + CALL_MS);
+    JsonNode got;
+    try {
+      got = api.fetch(api.leader(p.topic, p.queue), p.topic, p.queue, next, Math.max(1, max), waitMs,
+          System.currentTimeMillis() + waitMs + CALL_MS);
+    } catch (NodeApi.NodeError e) {
+      if (!"OUT_OF_RANGE".equals(e.code)) {
+        throw e;
+      }
+      dataLoss(e);
+      return;
+    }
     api.served(p.topic, p.queue, got.path("served_by").asText(""));
     int n = 0;
     for (JsonNode m : got.path("messages")) {
@@ -109,6 +119,31 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
       // nothing at next: a gap (compaction, a tag filter) the node stepped over, or the end
       next = Math.min(Math.max(next, got.path("next_offset").asLong(next)), p.end);
     }
+  }
+
+  /** ``next`` is not in the queue any more: retention or compaction cut below it, or the
+   * queue went back (the topic deleted and made again). As the Python source: fail naming
+   * the range, or with failOnDataLoss=false go on from the queue's earliest offset. */
+  private void dataLoss(NodeApi.NodeError e) throws IOException {
+    NodeApi.Queue q = null;
+    for (NodeApi.Queue each : api.describe(p.topic, System.currentTimeMillis() + CALL_MS)) {
+      if (each.queue == p.queue) {
+        q = each;
+      }
+    }
+    if (q == null) {
+      throw new IOException("topic " + p.topic + " has no queue " + p.queue + " any more", e);
+    }
+    String what = next < q.earliest
+        ? "offsets " + next + " to " + (q.earliest - 1) + " are gone (retention or compaction cut them)"
+        : "offsets from " + next + " on are gone: the queue went back to " + q.latest
+            + " (was the topic deleted and created again?)";
+    if (p.opts.failOnDataLoss) {
+      throw new IOException("data loss: topic '" + p.topic + "' queue " + p.queue + ": " + what
+          + ". The query needs them and failOnDataLoss is true; set .option('failOnDataLoss', 'false') to skip "
+          + "missing offsets", e);
+    }
+    next = Math.min(q.earliest, p.end);
   }
 
   private InternalRow row(JsonNode m, long offset) {

@@ -5,6 +5,8 @@ import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.connector.read.streaming.Offset;
 import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
+import org.apache.spark.sql.connector.read.streaming.ReadLimit;
+import org.apache.spark.sql.connector.read.streaming.SupportsAdmissionControl;
 import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeMode;
 
 import java.io.IOException;
@@ -21,7 +23,7 @@ import java.util.TreeMap;
  * own positions (``RtReader.getOffset``) become the next start (``mergeOffsets``).
  * The queues of a topic are those it had when the query started.
  */
-final class RtStream implements MicroBatchStream, SupportsRealTimeMode {
+final class RtStream implements MicroBatchStream, SupportsRealTimeMode, SupportsAdmissionControl {
   private static final long DESCRIBE_MS = 30_000;
 
   private final RtOptions opts;
@@ -85,14 +87,36 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode {
   }
 
   @Override
+  public ReadLimit getDefaultReadLimit() {
+    return ReadLimit.allAvailable();
+  }
+
+  /** ``latestOffset()``, never behind ``start`` in any queue: the node answering may hold a
+   * replica that lags or is not open yet (it reports 0), and a batch must not end before
+   * it starts. */
+  @Override
+  public Offset latestOffset(Offset start, ReadLimit limit) {
+    Map<String, Map<Integer, Long>> from = ((RtOffset) start).positions;
+    Map<String, Map<Integer, Long>> pos = new TreeMap<>();
+    ((RtOffset) latestOffset()).positions.forEach((t, qs) -> {
+      Map<Integer, Long> out = new TreeMap<>();
+      qs.forEach((q, latest) -> out.put(q, Math.max(latest, from.getOrDefault(t, Map.of()).getOrDefault(q, latest))));
+      pos.put(t, out);
+    });
+    from.forEach((t, qs) -> qs.forEach((q, o) -> pos.computeIfAbsent(t, k -> new TreeMap<>()).putIfAbsent(q, o)));
+    return new RtOffset(pos);
+  }
+
+  @Override
   public InputPartition[] planInputPartitions(Offset start, Offset end) {
     Map<String, Map<Integer, Long>> s = ((RtOffset) start).positions;
     List<InputPartition> parts = new ArrayList<>();
+    // A partition for every queue, an empty range included: a batch replayed after a crash
+    // (its end logged, not committed) is planned here, and its partitions must be numbered
+    // as the real-time plan numbered them (the sink's producer ids are per partition).
     ((RtOffset) end).positions.forEach((t, qs) -> qs.forEach((q, to) -> {
-      long from = s.getOrDefault(t, Map.of()).getOrDefault(q, 0L);
-      if (to > from) {
-        parts.add(new RtPartition(opts, t, q, from, to));
-      }
+      long from = s.getOrDefault(t, Map.of()).getOrDefault(q, to);
+      parts.add(new RtPartition(opts, t, q, Math.min(from, to), to));
     }));
     return parts.toArray(new InputPartition[0]);
   }
