@@ -1,87 +1,41 @@
-"""The one grammar of durations and sizes, and their human-readable forms.
-
-Spark options (``maxTriggerDelay``), job triggers (``30s``), the CLI
-(``--retention 7d``, ``--retention-bytes 10GB``) and the jobs' messages all
-read and print through here, so a value means the same wherever it is typed.
+"""The one grammar of durations and sizes (``storage_service/protocol/units.py``, shared
+with the storage node's flags), with the client's error: ``UnitError`` here is also an
+``RmqError``, so the CLI and the jobs report it as any other bad input.
 
 Durations: an integer, optional blanks, a unit ``ms``, ``s``, ``m`` (or
 ``min``), ``h`` or ``d``, in any case (``500ms``, ``30 s``, ``7D``). ``0``
 needs no unit. A bare number is refused unless the caller says which unit it
 is in (Spark options: milliseconds); ``forever``/``none`` (= 0) only where 0
-means "no limit". Sizes: an integer with an optional unit ``B``, ``K``/``KB``,
-``M``/``MB``, ``G``/``GB``, ``T``/``TB``, powers of 1024.
+means "no limit". Sizes: an integer with an optional unit ``B``, ``K``/``KB``/``KiB``,
+``M``/``MB``/``MiB``, ``G``/``GB``/``GiB``, ``T``/``TB``/``TiB``, powers of 1024.
 """
 from __future__ import annotations
 
-import datetime as dt
-import re
-
 from rmq_spark.client.errors import RmqError
+from storage_service.protocol import units as _kernel
+from storage_service.protocol.units import (DURATION_FORMS, DURATION_UNITS_MS, human_bytes,  # noqa: F401
+                                            human_duration, utc_text)
 
 __all__ = ["UnitError", "DURATION_UNITS_MS", "parse_duration_ms", "parse_size_bytes",
            "human_duration", "human_bytes", "utc_text"]
 
-DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
-                     "d": 86_400_000}
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_DURATION = re.compile(r"(\d+)\s*(ms|s|min|m|h|d)?")
-_SIZE = re.compile(r"(\d+)\s*([kmgt]?)b?")
-_NO_LIMIT = ("forever", "none")
-DURATION_FORMS = "a number with a unit ms, s, m, h or d (e.g. 500ms, 30s, 15m, 7d)"
 
-
-class UnitError(RmqError, ValueError):
+class UnitError(RmqError, _kernel.UnitError):
     """A duration or size that does not parse; the message names it and the forms allowed."""
 
 
 def parse_duration_ms(text: str, *, what: str = "duration", bare_unit: str | None = None,
                       no_limit: bool = True) -> int:
-    """``text`` in milliseconds.
-
-    ``bare_unit``: the unit of a number without one (None: a unit is required,
-    except for 0). ``no_limit``: ``forever``/``none`` are accepted as 0.
-    ``what`` names the value in the error.
-    """
-    t = str(text).strip().lower()
-    if no_limit and t in _NO_LIMIT:
-        return 0
-    m = _DURATION.fullmatch(t)
-    unit = m and (m.group(2) or bare_unit or ("ms" if m.group(1).strip("0") == "" else None))
-    if not unit:
-        bare = (f"; a bare number is in {bare_unit}" if bare_unit
-                else ", or 0" + (" (or forever) for no limit" if no_limit else ""))
-        raise UnitError(f"{text!r} is not a {what}: use {DURATION_FORMS}{bare}")
-    return int(m.group(1)) * DURATION_UNITS_MS[unit]
+    """``text`` in milliseconds (``storage_service.protocol.units.parse_duration_ms``)."""
+    try:
+        return _kernel.parse_duration_ms(text, what=what, bare_unit=bare_unit, no_limit=no_limit)
+    except _kernel.UnitError as e:
+        raise UnitError(str(e)) from None
 
 
 def parse_size_bytes(text: str, *, what: str = "size") -> int:
     """``text`` in bytes (units are powers of 1024; a bare number is bytes)."""
-    m = _SIZE.fullmatch(str(text).strip().lower())
-    if not m:
-        raise UnitError(f"{text!r} is not a {what}: use a number with an optional unit KB, MB, GB or TB "
-                        "(e.g. 10GB; powers of 1024)")
-    return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
-
-
-def human_duration(ms: int, zero: str = "forever") -> str:
-    """The largest whole unit: 604800000 -> ``7d``, 1500 -> ``1500ms``; 0 -> ``zero``."""
-    if not ms:
-        return zero
-    for unit in ("d", "h", "m", "s"):
-        if ms % DURATION_UNITS_MS[unit] == 0:
-            return f"{ms // DURATION_UNITS_MS[unit]}{unit}"
-    return f"{ms}ms"
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> ``1.5 KiB`` (bytes as a whole number, TiB is the largest unit)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def utc_text(ms: int) -> str:
-    """Unix ms -> ``2026-11-21 20:47:36 UTC``."""
-    return dt.datetime.fromtimestamp(ms / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return _kernel.parse_size_bytes(text, what=what)
+    except _kernel.UnitError as e:
+        raise UnitError(str(e)) from None

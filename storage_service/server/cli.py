@@ -10,6 +10,7 @@ import threading
 import time
 
 from ..log.dirlock import DirectoryInUse
+from ..protocol.units import bytes_flag, seconds_flag
 from ..raft.journal import FSYNC_POLICIES
 
 __all__ = ["main"]
@@ -33,12 +34,15 @@ def _parse(argv):
                         "when there are as many racks as replicas, else as evenly as the racks allow "
                         "(default: none; nodes without a rack share one)")
     n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
-    n.add_argument("--max-message-bytes", type=int, default=4 << 20)
-    n.add_argument("--max-commit-backlog", type=int, default=64 << 20,
+    n.add_argument("--max-message-bytes", type=bytes_flag("--max-message-bytes"), default=4 << 20,
+                   help="the largest message (bytes, or a size: 4MiB); default 4 MiB")
+    n.add_argument("--max-commit-backlog", type=bytes_flag("--max-commit-backlog"), default=64 << 20,
                    help="bytes of produce batches that may wait to be committed per group; past it a "
                         "produce is refused RESOURCE_EXHAUSTED and the client retries (default 64 MiB)")
-    n.add_argument("--retention-interval", type=float, default=5.0, help="seconds between retention passes")
-    n.add_argument("--segment-bytes", type=int, default=64 << 20)
+    n.add_argument("--retention-interval", type=seconds_flag("--retention-interval"), default=5.0,
+                   help="time between retention passes (seconds, or a duration: 500ms, 5s); default 5s")
+    n.add_argument("--segment-bytes", type=bytes_flag("--segment-bytes"), default=64 << 20,
+                   help="a queue's segment file size (bytes, or a size: 64MiB); default 64 MiB")
     n.add_argument("--compaction-entries", type=int, default=2000,
                    help="snapshot + compact the raft log after this many entries")
     n.add_argument("--max-open-files", type=int, default=0,
@@ -47,20 +51,20 @@ def _parse(argv):
     n.add_argument("--max-queues", type=int, default=200_000,
                    help="queues the cluster may hold (default 200,000); a create or growth past "
                         "it is refused with RESOURCE_EXHAUSTED")
-    n.add_argument("--repair-after", type=float, default=300.0,
-                   help="seconds a node may be down before its replicas are re-created on other nodes "
-                        "(default 300)")
+    n.add_argument("--repair-after", type=seconds_flag("--repair-after"), default=300.0,
+                   help="time a node may be down before its replicas are re-created on other nodes "
+                        "(seconds, or a duration: 5m); default 300 s")
     n.add_argument("--max-requests", type=int, default=512,
                    help="requests a node runs or queues at once; past it new ones get RESOURCE_EXHAUSTED "
                         "(the client backs off and retries); default 512")
-    n.add_argument("--min-free-bytes", type=int, default=64 << 20,
+    n.add_argument("--min-free-bytes", type=bytes_flag("--min-free-bytes"), default=64 << 20,
                    help="free space the data directory keeps: below it the node refuses produce "
                         "(RESOURCE_EXHAUSTED, retried by clients), takes no new entries as a follower "
                         "and hands the groups it leads to replicas with room; default 64 MiB")
-    n.add_argument("--scrub-interval", type=float, default=21_600.0,
-                   help="seconds between passes that read every segment the node holds and repair bit rot "
-                        "from peers (default 21600; 0: off)")
-    n.add_argument("--scrub-bytes-per-s", type=int, default=32 << 20,
+    n.add_argument("--scrub-interval", type=seconds_flag("--scrub-interval"), default=21_600.0,
+                   help="time between passes that read every segment the node holds and repair bit rot "
+                        "from peers (seconds, or a duration: 6h); default 6h; 0: off")
+    n.add_argument("--scrub-bytes-per-s", type=bytes_flag("--scrub-bytes-per-s"), default=32 << 20,
                    help="what a scrub pass reads per second at most (default 32 MiB)")
     n.add_argument("--max-parked-fetches", type=int, default=20_000,
                    help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")

@@ -131,3 +131,23 @@ def test_human_duration_is_the_largest_whole_unit():
 def test_utc_text():
     assert utc_text(0) == "1970-01-01 00:00:00 UTC"
     assert utc_text(1_700_000_000_123) == "2023-11-14 22:13:20 UTC"
+
+
+def test_the_nodes_flags_take_the_same_grammar_and_plain_numbers(capsys):
+    """``rmq-storage node``'s duration and size flags read the grammar of the client and the
+    CLI (``storage_service/protocol/units.py``) and keep taking plain numbers (seconds,
+    bytes); a bad value is refused naming the flag and the forms."""
+    from storage_service.server.cli import _parse
+
+    base = ["node", "--id", "0", "--nodes", "127.0.0.1:1", "--data-dir", "/nonexistent"]
+    a = _parse(base + ["--segment-bytes", "64MiB", "--min-free-bytes", "1GB", "--retention-interval", "500ms",
+                       "--scrub-interval", "6h", "--repair-after", "5m", "--max-message-bytes", "4M"])
+    assert (a.segment_bytes, a.min_free_bytes, a.max_message_bytes) == (64 << 20, 1 << 30, 4 << 20)
+    assert (a.retention_interval, a.scrub_interval, a.repair_after) == (0.5, 21_600.0, 300.0)
+    a = _parse(base + ["--segment-bytes", "65536", "--retention-interval", "0.5"])
+    assert (a.segment_bytes, a.retention_interval) == (65536, 0.5)
+    for flag, bad in (("--segment-bytes", "64XB"), ("--retention-interval", "5 weeks")):
+        with pytest.raises(SystemExit):
+            _parse(base + [flag, bad])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: '{bad}' is not a {flag}" in err and "e.g." in err, err
