@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.fs as pafs
 
-__all__ = ["OBJECT_SCHEMES", "StoreError", "masked", "userinfo_refusal", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
+__all__ = ["OBJECT_SCHEMES", "file_uri", "StoreError", "masked", "userinfo_refusal", "exists", "is_local", "join", "list_names", "open_input", "read_bytes",
            "read_text", "remove", "resolve", "size", "stamp", "to_spark", "walk_files", "write_bytes",
            "check_writable"]
 
@@ -277,3 +277,11 @@ def check_writable(uri: str, what: str) -> None:
         raise
     except OSError as e:
         raise StoreError(f"{what} {uri}: {_wrap(uri, e, 'checking it')} - nothing was written") from e
+
+
+def file_uri(raw: str) -> str:
+    """A logged file URI as this package names it: ``file:`` URIs as local paths,
+    others (``s3a://bucket/key``) unquoted."""
+    if raw.startswith("file:"):
+        return unquote(urlparse(raw).path)
+    return unquote(raw)

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from .. import fs
 from .delta_log import replay as replay_log
-from .sink_log import committed_paths, file_uri
+from .sink_log import committed_paths
 from .errors import ArchiveError
 from .layout import DATA_COLUMNS, Tier
 
@@ -140,7 +140,7 @@ def delta_file_path(root: str, add: dict) -> str:
     on the table's object store."""
     raw = add["path"]
     if "://" in raw or raw.startswith("file:"):
-        return file_uri(raw)
+        return fs.file_uri(raw)
     return fs.join(root, unquote(raw))
 
 

@@ -15,24 +15,15 @@ from __future__ import annotations
 import json
 import re
 import threading
-from urllib.parse import unquote, urlparse
 
 from .. import fs
 from .errors import ArchiveError
 
-__all__ = ["committed_paths", "file_uri"]
+__all__ = ["committed_paths"]
 
 _lock = threading.Lock()
 # log dir -> (last batch read, its file name, its stamp, path -> entry)
 _known: dict[str, tuple[int, str, tuple | None, dict]] = {}
-
-
-def file_uri(raw: str) -> str:
-    """A logged file URI as this package names it: ``file:`` URIs as local paths,
-    others (``s3a://bucket/key``) unquoted."""
-    if raw.startswith("file:"):
-        return unquote(urlparse(raw).path)
-    return unquote(raw)
 
 
 def committed_paths(root: str, listed: bool = False) -> list[str] | None:
@@ -102,7 +93,7 @@ def _apply(log_dir: str, name: str, lines: list[str], entries: dict) -> dict:
     for line in lines[1:]:
         if line.strip():
             e = json.loads(line)
-            path = file_uri(e["path"])
+            path = fs.file_uri(e["path"])
             if e.get("action") == "delete":
                 entries.pop(path, None)
             else:

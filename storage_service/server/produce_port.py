@@ -50,6 +50,7 @@ from ..proto import rmq_pb2
 from ..protocol.produce_frames import (FLAG_PIPELINED, FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
                                        METHOD_KV_PUT, METHOD_KV_READ, METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
                                        WireProtocolError, check_hello, error_frame, frame_head, hello)
+from ..protocol.errors import status_code
 from ..protocol.fetch_wire import decode_fetch_response, encode_fetch_head
 from ..protocol.localread import host_id
 from ..protocol.tls import TlsSocket, common_name
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 256       # per node; gRPC's pool has 64 workers
 IDLE_SECONDS = 120.0        # a connection with no frame for this long is closed (clients: 30 s)
-CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}    # a frame's code -> the metric's label
 METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch", METHOD_KV_PUT: "KvPut",
                 METHOD_KV_READ: "KvRead"}
 UNARY_REQUESTS = {METHOD_KV_PUT: rmq_pb2.KvPutRequest, METHOD_KV_READ: rmq_pb2.KvReadRequest}
@@ -238,7 +238,7 @@ class ProduceWireServer:
 
     def _count(self, method: int, code: int, started: float) -> None:
         if self._metrics is not None and method in METHOD_NAMES:
-            self._metrics.request(METHOD_NAMES[method], "produce_port", CODE_NAMES.get(code, "UNKNOWN"),
+            self._metrics.request(METHOD_NAMES[method], "produce_port", status_code(code).name,
                                   time.perf_counter() - started)
 
     def _pipelined(self, frame, credentials, started: float, answers: "_Answers") -> tuple[int, bytes | None]:
