@@ -16,7 +16,7 @@ from storage_service.protocol import units as _kernel
 from storage_service.protocol.units import (DURATION_FORMS, DURATION_UNITS_MS, human_bytes,  # noqa: F401
                                             human_duration, utc_text)
 
-__all__ = ["UnitError", "DURATION_UNITS_MS", "parse_duration_ms", "parse_size_bytes",
+__all__ = ["UnitError", "DURATION_FORMS", "DURATION_UNITS_MS", "parse_duration_ms", "parse_size_bytes",
            "human_duration", "human_bytes", "utc_text"]
 
 

@@ -7,14 +7,11 @@ calls the methods here; nothing outside a raft apply changes replicated state.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Callable
 
 import grpc
 
@@ -27,20 +24,20 @@ from ..protocol import framing
 from ..protocol.placement import GRPC_OPTIONS, META_GROUP, cluster_address, group_of, grpc_address, raft_address
 from ..protocol.tls import TlsFiles, channel_credentials
 from ..raft.group import RaftGroup, RaftLoop, RaftTiming
-from ..raft.groupcommit import CommitFailed, GroupCommitter
+from ..raft.groupcommit import GroupCommitter
 from ..raft.tls_wire import RaftTls
-from ..statemachine.commands import MetaCommand, Produce, ProduceItem
-from ..statemachine.data import OUT_OF_ORDER, DataState, parse_queue_dir, queue_dir
+from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
 from .authz import Gate
 from .controller import Controller
-from .errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError, not_found
+from .errors import NotLeader, ServiceError, not_found
 from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
 from .peers import ask_group, fetch_range
 from .meta_sync import MetaSync, security_config
 from .repair import Repair
 from .replicas import ReplicaSet
 from .upkeep import Upkeep
+from .writes import NodeWrites, produce_entry
 
 __all__ = ["NodeConfig", "StorageNode"]
 
@@ -50,14 +47,6 @@ log = logging.getLogger(__name__)
 # How long a leader read waits for the leader's lease to be confirmed (a new
 # leader's first heartbeat round trip) before it answers not-leader.
 READ_LEASE_WAIT = 0.3
-
-
-def _settled(fut: Future, timeout: float) -> bool:
-    try:
-        fut.exception(timeout)
-        return True
-    except FutureTimeout:
-        return False
 
 
 @dataclass(frozen=True)
@@ -105,7 +94,7 @@ class NodeConfig:
         return self.addresses[self.node_id]
 
 
-class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
+class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
     def __init__(self, config: NodeConfig):
         """Raises ``DirectoryInUse`` (and changes nothing) while another process holds ``data_dir``."""
         self.config = config
@@ -233,7 +222,7 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         raft = self._raft(g, st, members, members_index)
         # Copies, not updates: other threads iterate these maps while a replica is added.
         self.committers = {**self.committers,
-                           g: GroupCommitter(raft, _produce_entry, max_entry_bytes=c.max_batch_bytes * 2)}
+                           g: GroupCommitter(raft, produce_entry, max_entry_bytes=c.max_batch_bytes * 2)}
         self.states = {**self.states, g: st}
         self.groups = {**self.groups, g: raft}
 
@@ -367,96 +356,6 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
         self.hosted(g)
         return self.states[g].park(queue_dir(cfg["name"], cfg["incarnation"], queue), offset, wake)
 
-    def meta_command(self, cmd: MetaCommand):
-        """Commit a metadata command through this node (the metadata leader); its value."""
-        raft = self.require_leader(META_GROUP)
-        result = self._commit(raft, cmd.encode())
-        if result[0] == "error":
-            raise ServiceError(getattr(grpc.StatusCode, result[1]), result[2])
-        return result[1]
-
-    def _commit(self, raft: RaftGroup, cmd: tuple):
-        done = threading.Event()
-        box: list = []
-
-        def cb(res, err):
-            box.append((res, err))
-            done.set()
-
-        raft.submit(cmd, cb)
-        if not self._await(raft, done.wait):
-            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               f"group {raft.group_id}: no commit within {self.config.commit_timeout}s")
-        res, err = box[0]
-        if err != 0:
-            raise NotLeader(raft.group_id, self.leader_of(raft.group_id)) from CommitFailed(err)
-        return res
-
-    # ---------------------------------------------------------------- produce
-    def produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str, seq: int):
-        """Replicate one validated records block to a queue; returns (base, count, ts, dup)."""
-        return self.wait_produce(*self.submit_produce(cfg, queue, block, count, producer, seq))
-
-    def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
-                       seq: int, in_order: bool = False, condition: tuple | None = None) -> tuple[int, Future]:
-        """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
-        A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
-        g = self.group_of(cfg["name"], queue, cfg)
-        self.require_leader(g)
-        if self.disk.low():
-            raise NodeFull(self.disk.describe(self.config.address))
-        committer = self.committers[g]
-        waiting = committer.waiting_bytes()
-        if waiting + len(block) > self.config.max_commit_backlog and waiting:
-            raise Backlog(g, waiting, self.config.max_commit_backlog)
-        item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
-                           self.now_ms(), count, block, in_order and bool(producer), condition)
-        fut = committer.submit(item, len(block))
-        if self.metrics is not None:
-            fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))
-        return g, fut
-
-    def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:
-        """``wait(t)`` in slices until it is True (done) or commit_timeout passes (False).
-
-        Gives up early, raising NotLeader, when this node stops leading the
-        group (pysyncobj steps a leader down when no majority answered it for
-        an election timeout): the entry may still commit under the next
-        leader, so the caller is told the outcome is unknown.
-        """
-        deadline = time.monotonic() + self.config.commit_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if wait(max(0.0, min(left, 0.05))):
-                return True
-            if left <= 0:
-                return False
-            if not raft.is_leader and not wait(0):     # done meanwhile: that is the outcome
-                raise NotLeader(raft.group_id, self.leader_of(raft.group_id),
-                                "lost the leadership while the write was pending; the outcome is "
-                                "unknown: retry (with the same producer id and sequence)")
-
-    def wait_produce(self, g: int, fut: Future):
-        try:
-            if not self._await(self.groups[g], lambda t: _settled(fut, t)):
-                raise FutureTimeout
-            return self.produce_result(g, fut.result(0))
-        except FutureTimeout:
-            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                               f"group {g}: produce not committed within {self.config.commit_timeout}s "
-                               "(outcome unknown; retry with the same producer id and sequence)") from None
-        except CommitFailed as e:
-            raise NotLeader(g, self.leader_of(g)) from e
-
-    @staticmethod
-    def produce_result(g: int, res: tuple) -> tuple:
-        """An applied batch's result (base, count, store ts, duplicate); OutOfOrder for
-        an in-order batch refused in apply."""
-        if res and res[0] == OUT_OF_ORDER:
-            _, expected, producer, seq = res
-            raise OutOfOrder(g, producer, seq, expected)
-        return res
-
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
         """A peer's service; with TLS on its cluster port, as this node (its certificate)."""
@@ -541,18 +440,3 @@ class StorageNode(ReplicaSet, Upkeep, Repair, MetaSync):
             for ch in self._channels.values():
                 ch.close()
         self._dir_lock.release()
-
-
-def _count_produced(metrics: NodeMetrics, nbytes: int, fut: Future) -> None:
-    if not fut.cancelled() and fut.exception() is None:
-        res = fut.result()
-        if isinstance(res[0], str):          # refused at apply (out of order, a key-value conflict)
-            return
-        _, count, _, duplicate = res
-        if not duplicate:
-            metrics.produced(count, nbytes)
-
-
-def _produce_entry(items: list[ProduceItem]) -> tuple:
-    """The raft entry of produce items drained together (group commit)."""
-    return Produce(tuple(items)).encode()

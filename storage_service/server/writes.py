@@ -1,0 +1,144 @@
+"""A node's write path (``node.StorageNode``): a command proposed to a raft group this
+node leads, and the wait for its commit; a produce through the group's committer
+(group commit), refused at once when the node's disk is low or the group's backlog
+is full, with its outcome (or OutOfOrder, or not-leader when the leadership is lost
+while it waits: the outcome is then unknown, and a retry with the same producer id
+and sequence stores it once).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from typing import Callable
+
+import grpc
+
+from ..metrics import NodeMetrics
+from ..protocol.placement import META_GROUP
+from ..raft.group import RaftGroup
+from ..raft.groupcommit import CommitFailed
+from ..statemachine.commands import MetaCommand, Produce, ProduceItem
+from ..statemachine.data import OUT_OF_ORDER, queue_dir
+from .errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError
+
+__all__ = ["NodeWrites", "produce_entry"]
+
+
+def _settled(fut: Future, timeout: float) -> bool:
+    try:
+        fut.exception(timeout)
+        return True
+    except FutureTimeout:
+        return False
+
+
+class NodeWrites:
+    """Mixed into ``StorageNode`` (its ``config``, ``groups``, ``committers``, ``disk``,
+    ``metrics``, ``require_leader``, ``leader_of``, ``group_of``, ``now_ms``)."""
+
+    def meta_command(self, cmd: MetaCommand):
+        """Commit a metadata command through this node (the metadata leader); its value."""
+        raft = self.require_leader(META_GROUP)
+        result = self._commit(raft, cmd.encode())
+        if result[0] == "error":
+            raise ServiceError(getattr(grpc.StatusCode, result[1]), result[2])
+        return result[1]
+
+    def _commit(self, raft: RaftGroup, cmd: tuple):
+        done = threading.Event()
+        box: list = []
+
+        def cb(res, err):
+            box.append((res, err))
+            done.set()
+
+        raft.submit(cmd, cb)
+        if not self._await(raft, done.wait):
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"group {raft.group_id}: no commit within {self.config.commit_timeout}s")
+        res, err = box[0]
+        if err != 0:
+            raise NotLeader(raft.group_id, self.leader_of(raft.group_id)) from CommitFailed(err)
+        return res
+
+    # ---------------------------------------------------------------- produce
+    def produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str, seq: int):
+        """Replicate one validated records block to a queue; returns (base, count, ts, dup)."""
+        return self.wait_produce(*self.submit_produce(cfg, queue, block, count, producer, seq))
+
+    def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
+                       seq: int, in_order: bool = False, condition: tuple | None = None) -> tuple[int, Future]:
+        """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
+        A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
+        g = self.group_of(cfg["name"], queue, cfg)
+        self.require_leader(g)
+        if self.disk.low():
+            raise NodeFull(self.disk.describe(self.config.address))
+        committer = self.committers[g]
+        waiting = committer.waiting_bytes()
+        if waiting + len(block) > self.config.max_commit_backlog and waiting:
+            raise Backlog(g, waiting, self.config.max_commit_backlog)
+        item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
+                           self.now_ms(), count, block, in_order and bool(producer), condition)
+        fut = committer.submit(item, len(block))
+        if self.metrics is not None:
+            fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))
+        return g, fut
+
+    def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:
+        """``wait(t)`` in slices until it is True (done) or commit_timeout passes (False).
+
+        Gives up early, raising NotLeader, when this node stops leading the
+        group (pysyncobj steps a leader down when no majority answered it for
+        an election timeout): the entry may still commit under the next
+        leader, so the caller is told the outcome is unknown.
+        """
+        deadline = time.monotonic() + self.config.commit_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if wait(max(0.0, min(left, 0.05))):
+                return True
+            if left <= 0:
+                return False
+            if not raft.is_leader and not wait(0):     # done meanwhile: that is the outcome
+                raise NotLeader(raft.group_id, self.leader_of(raft.group_id),
+                                "lost the leadership while the write was pending; the outcome is "
+                                "unknown: retry (with the same producer id and sequence)")
+
+    def wait_produce(self, g: int, fut: Future):
+        try:
+            if not self._await(self.groups[g], lambda t: _settled(fut, t)):
+                raise FutureTimeout
+            return self.produce_result(g, fut.result(0))
+        except FutureTimeout:
+            raise ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"group {g}: produce not committed within {self.config.commit_timeout}s "
+                               "(outcome unknown; retry with the same producer id and sequence)") from None
+        except CommitFailed as e:
+            raise NotLeader(g, self.leader_of(g)) from e
+
+    @staticmethod
+    def produce_result(g: int, res: tuple) -> tuple:
+        """An applied batch's result (base, count, store ts, duplicate); OutOfOrder for
+        an in-order batch refused in apply."""
+        if res and res[0] == OUT_OF_ORDER:
+            _, expected, producer, seq = res
+            raise OutOfOrder(g, producer, seq, expected)
+        return res
+
+
+def _count_produced(metrics: NodeMetrics, nbytes: int, fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        res = fut.result()
+        if isinstance(res[0], str):          # refused at apply (out of order, a key-value conflict)
+            return
+        _, count, _, duplicate = res
+        if not duplicate:
+            metrics.produced(count, nbytes)
+
+
+def produce_entry(items: list[ProduceItem]) -> tuple:
+    """The raft entry of produce items drained together (group commit)."""
+    return Produce(tuple(items)).encode()
