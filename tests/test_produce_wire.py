@@ -21,7 +21,7 @@ from storage_service.server.produce_port import ProduceWireServer, recv_exact
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.records import encode
 from storage_service.protocol.placement import produce_address
-from storage_service.server.service import _produce_server
+from storage_service.app import _produce_server
 
 from .conftest import wait_until
 from .scrape import total

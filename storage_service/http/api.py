@@ -28,7 +28,7 @@ from aiohttp import web
 
 from ..proto import rmq_pb2
 from ..protocol.fetch_wire import decode_fetch_response
-from ..server.dispatch import CallFailed
+from ..protocol.errors import CallFailed
 from .convert import (INT32, INT64, BadRequest, _bytes_from, bytes_json, int_param, int_value, message_json,
                       messages_from_json, parse_into, records_json)
 from .server import HttpServer, error_response, json_body, json_response, parse_json

@@ -28,11 +28,9 @@ import weakref
 import grpc
 from aiohttp import web
 
-from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY
+from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, CallFailed, ServiceError
 from ..protocol.placement import http_address
 from ..protocol.tls import common_name
-from ..server.dispatch import CallFailed
-from ..server.errors import ServiceError
 from .convert import HTTP_STATUS, BadRequest
 
 __all__ = ["HttpServer", "MAX_BODY", "MAX_CONNECTIONS"]
@@ -45,14 +43,15 @@ HANDSHAKE_SECONDS = 10.0     # HTTPS: a peer that does not finish its handshake 
 
 
 class HttpServer:
-    """Serves ``api.routes`` on ``address``; ``stop`` ends it (before the gRPC loop stops)."""
+    """Serves the routes ``add_routes(self)`` adds (``api.add_routes``, given by the process's
+    wiring, ``storage_service/app.py``) on ``address``; ``stop`` ends it (before the gRPC
+    loop stops)."""
 
-    def __init__(self, rpc, node, address: str, ssl_context=None):
-        from . import api                # (api imports this module's helpers)
+    def __init__(self, rpc, node, address: str, add_routes, ssl_context=None):
         self.rpc, self.node, self.address = rpc, node, address
         self.scheme = "https" if ssl_context is not None else "http"
         self.app = web.Application(client_max_size=MAX_BODY, middlewares=[self._answer])
-        api.add_routes(self)
+        add_routes(self)
         # shutdown: requests in flight get 1 s (a long poll is answered by the node stopping)
         # keep-alive: an idle connection closes after KEEPALIVE_SECONDS (it holds a slot of
         # MAX_CONNECTIONS)

@@ -19,7 +19,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP
 from ..server.dispatch import SyncContext
-from ..server.errors import ServiceError
+from ..protocol.errors import ServiceError
 
 __all__ = ["cluster_view", "MAX_TOPICS"]
 

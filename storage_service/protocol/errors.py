@@ -34,3 +34,24 @@ class StorageError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+class ServiceError(StorageError):
+    """A request's failure, answered with ``code`` and ``message`` (the node's handlers
+    raise it; ``server/errors.py`` has its kinds)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message, code)
+
+    def trailing_metadata(self) -> tuple:
+        return ()
+
+
+class CallFailed(Exception):
+    """A call ``server.dispatch.AsyncServer.invoke`` made ended in ``code``; ``trailing``:
+    its metadata (the leader's address on a not-leader error, retry-after when at a
+    limit). The HTTP port and the produce port answer with it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple = ()):
+        super().__init__(details)
+        self.code, self.details, self.trailing = code, details, dict(trailing)

@@ -119,7 +119,7 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from ..protocol.buffers import reuse_big_buffers
-    from .service import serve
+    from ..app import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reuse_big_buffers()

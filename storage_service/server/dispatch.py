@@ -35,7 +35,7 @@ from typing import Callable
 import grpc
 
 from ..proto import rmq_pb2
-from ..protocol.errors import RETRY_AFTER_METADATA_KEY
+from ..protocol.errors import RETRY_AFTER_METADATA_KEY, CallFailed  # noqa: F401  (also imported from here)
 from ..protocol.placement import GRPC_OPTIONS, cluster_address
 from ..protocol.tls import TlsFiles, server_credentials
 from .errors import ServiceError
@@ -72,15 +72,6 @@ class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, details: str):
         super().__init__(details)
         self.code, self.details = code, details
-
-
-class CallFailed(Exception):
-    """A call ``AsyncServer.invoke`` made ended in ``code``; ``trailing``: its metadata
-    (the leader's address on a not-leader error, retry-after when at a limit)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple = ()):
-        super().__init__(details)
-        self.code, self.details, self.trailing = code, details, dict(trailing)
 
 
 class SyncContext:

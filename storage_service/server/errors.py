@@ -3,19 +3,9 @@ from __future__ import annotations
 
 import grpc
 
-from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, StorageError
+from ..protocol.errors import LEADER_METADATA_KEY, RETRY_AFTER_METADATA_KEY, ServiceError
 
 __all__ = ["Backlog", "OutOfOrder", "ServiceError", "NotLeader", "NodeFull", "invalid", "not_found"]
-
-
-class ServiceError(StorageError):
-    """A request's failure, answered with ``code`` and ``message``."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message, code)
-
-    def trailing_metadata(self) -> tuple:
-        return ()
 
 
 class NotLeader(ServiceError):

@@ -17,25 +17,23 @@ from ..proto import rmq_pb2, rmq_pb2_grpc
 from ..protocol import framing
 from ..protocol.fetch_wire import encode_fetch_response
 from ..protocol.localread import host_id
-from ..protocol.placement import META_GROUP, http_address, produce_address, raft_address
+from ..protocol.placement import META_GROUP
 from ..protocol.tags import filter_batches, parse_tag_expression
-from ..protocol.tls import server_context
 from ..statemachine.commands import (AlterTopic, CommitOffsets, CreateTopic, DeleteTopic, Lease,
                                      SetWatermark)
 from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_error
 from .admin_rpc import ClusterAdmin
 from .security_rpc import SecurityAdmin
-from .dispatch import AsyncServer, CallFailed, Limits, Parked
+from .dispatch import Parked
 from .errors import ServiceError, invalid
 from .node import StorageNode
-from .produce_port import ProduceWireServer
 from .guard import _guard
 from .kv import kv_put, kv_read
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_data_group, check_group,
                        check_queue,
                        check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
 
-__all__ = ["MessageLogService", "Servers", "serve"]
+__all__ = ["MessageLogService", "MAX_WAIT_MS"]
 
 log = logging.getLogger(__name__)
 ALTERABLE = ("retention_ms", "retention_bytes", "tier", "local_retention_ms", "delete_retention_ms",
@@ -456,95 +454,3 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
                                f"{request.queue_dir} offset {request.offset}: this replica's copy is corrupt "
                                f"({e}); being repaired") from e
         return rmq_pb2.ReplicaFetchResponse(batches=data, next_offset=framing.next_offset(data, request.offset))
-
-
-class Servers:
-    """A node's gRPC server, its produce port (``producewire``) and HTTP port, stopped together."""
-
-    def __init__(self, grpc_server: AsyncServer, produce: ProduceWireServer | None, http=None):
-        self.grpc = grpc_server
-        self.produce = produce
-        self.http = http
-
-    def stop(self, grace: float = 1.0) -> None:
-        if self.produce is not None:
-            self.produce.stop()
-        if self.http is not None:
-            self.http.stop()
-        self.grpc.stop(grace=grace)
-
-
-def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
-                    ssl_context=None, gate=None, metrics=None, fetch=None,
-                    unary: dict | None = None) -> ProduceWireServer | None:
-    """The produce port, or None (with a warning) when it is one of the cluster's
-    other ports (``taken``: a cluster laid out by an older version with
-    ``--port``, where it is the next node's gRPC port) or cannot be bound:
-    clients then produce to this node over gRPC."""
-    if address in taken:
-        log.warning("produce port %s not served (another node's gRPC or raft port in this "
-                    "cluster's layout): clients produce over gRPC", address)
-        return None
-    host, port = address.rsplit(":", 1)
-    try:
-        return ProduceWireServer(servicer.produce_batches, host, int(port), ssl_context=ssl_context, gate=gate,
-                                 metrics=metrics, fetch=fetch, submit=servicer.submit_batches,
-                                 finish=servicer.finish_batches, unary=unary)
-    except OSError as e:
-        log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
-        return None
-
-
-def _fetch_call(server: AsyncServer):
-    """``Fetch`` for the produce port: run as a gRPC call is (``AsyncServer.invoke``:
-    gate, limits, parking), waited for on the connection's thread."""
-    def fetch(request: rmq_pb2.FetchRequest, credentials: tuple) -> bytes:
-        call = server.call_soon(server.invoke("Fetch", request, credentials))
-        try:                         # (bounded: a loop stopped meanwhile never answers)
-            response, _ = call.result(MAX_WAIT_MS / 1000 + 60)
-        except TimeoutError:
-            call.cancel()
-            raise CallFailed(grpc.StatusCode.UNAVAILABLE, "Fetch: the node is stopping") from None
-        return response
-    return fetch
-
-
-def _http_server(server: AsyncServer, node: StorageNode, taken: set[str], ssl_context):
-    """The HTTP port (gRPC port + 4), or None: off (``--no-http``), one of the cluster's
-    other ports (a cluster laid out with 4 ports a node), or not bindable (warned)."""
-    from ..http.server import HttpServer
-    from ..metrics.state import StateCollector
-
-    c = node.config
-    if node.metrics is not None:
-        node.metrics.register(StateCollector(node, c.metrics_max_queue_series, server))
-    if not c.http:
-        return None
-    address = http_address(c.address)
-    if address in taken:
-        log.warning("HTTP port %s not served: it is another node's port in this cluster's layout "
-                    "(laid out with 4 ports a node); metrics and the status page are off here", address)
-        return None
-    try:
-        http = HttpServer(server, node, address, ssl_context)
-    except OSError as e:
-        log.warning("HTTP port %s not served (%s): metrics, the JSON API and the status page are off "
-                    "on this node", address, e)
-        return None
-    node.http_address = address
-    return http
-
-
-def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
-    c = node.config
-    limits = limits or Limits(max_requests=c.max_requests, max_parked=c.max_parked_fetches)
-    server = AsyncServer(MessageLogService(node), c.address, limits, tls=c.tls,
-                         tls_client_cert=c.tls_client_cert, gate=node.gate, metrics=node.metrics)
-    taken = set(c.addresses) | {raft_address(a) for a in c.addresses}
-    ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
-    produce = _produce_server(server.servicer, produce_address(c.address), taken, ctx,
-                              gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server),
-                              unary={"KvPut": lambda r: kv_put(node, r), "KvRead": lambda r: kv_read(node, r)})
-    taken |= {produce_address(a) for a in c.addresses}
-    http = _http_server(server, node, taken, ctx)
-    return Servers(server, produce, http)
