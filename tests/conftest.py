@@ -14,13 +14,14 @@ from rmq_spark.client import Client
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 # The modules that take longest (401, 266, 247, 186, 174 and 136 s of test time in a
-# `make test` run with --junitxml on 2 cores, 2026-11-27; the next is 91 s) run
+# `make test` run with --junitxml on 2 cores, 2026-11-27; the next is 91 s; test_realtime.py,
+# 2026-11-28: about 150 s) run
 # first, so that the xdist workers finish together instead of one of them running
 # the README tour alone at the end: xdist orders modules by their number of tests
 # unless told not to (the Makefile's --no-loadscope-reorder).
 SLOW_MODULES = ("tests/spark/test_compaction.py", "tests/spark/test_tiering.py", "tests/test_readme.py",
                 "tests/spark/test_tier_fence.py", "tests/spark/test_archive_read.py",
-                "tests/spark/test_s3_archive.py", "tests/test_demo.py")
+                "tests/spark/test_s3_archive.py", "tests/spark/test_realtime.py", "tests/test_demo.py")
 
 
 def pytest_collection_modifyitems(config, items):
