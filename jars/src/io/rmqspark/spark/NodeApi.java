@@ -171,6 +171,7 @@ final class NodeApi {
     IOException last = null;
     long pause = 50;
     while (true) {
+      int closedOnHello = 0;     // plain HTTP connections a node closed before any answer
       for (String node : order) {
         long left = deadlineMs - System.currentTimeMillis();
         if (left <= 0) {
@@ -197,6 +198,9 @@ final class NodeApi {
           throw new IOException("TLS: the certificate of node " + node + " was not accepted (" + e.getMessage()
               + "): give tlsCaFile, the cluster's CA (on a cluster without TLS, leave it out)", e);
         } catch (IOException e) {
+          if ("http".equals(scheme) && String.valueOf(e.getMessage()).contains("header parser received no bytes")) {
+            closedOnHello++;     // what a TLS port does with plain HTTP
+          }
           last = new IOException("storage node " + node + " did not answer " + path + ": " + e
               + ("http".equals(scheme) ? " (a cluster with TLS takes HTTPS only: give tlsCaFile, its CA)" : ""), e);
           continue;
@@ -223,6 +227,9 @@ final class NodeApi {
           continue;
         }
         throw failed;
+      }
+      if (closedOnHello == order.size()) {
+        throw last;              // every node closed plain HTTP unanswered: a cluster with TLS, no CA given
       }
       order = nodes;             // the hint did not answer: every node from now on
       try {
