@@ -337,8 +337,26 @@ class ProduceTransport:
         """``Fetch`` over the produce port: the reply, or None when the port did not
         answer it (not served or not reachable, as for ``future``; or the node
         answered an error, whose gRPC form carries what the caller's retries use:
-        the leader's address, the queue's offsets). The caller then asks over gRPC."""
-        if self._closed or time.monotonic() < max(self._fallback_until, self._fetch_unserved_until):
+        the leader's address, the queue's offsets). The caller then asks over gRPC.
+        At a limit (RESOURCE_EXHAUSTED) it raises: the caller backs off, not asks again."""
+        return self._unary(request, timeout, METHOD_FETCH, decode_fetch_response, "_fetch_unserved_until",
+                           {grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+    def kv(self, method: str, request, timeout: float):
+        """``KvPut``/``KvRead`` over the produce port: the response, or None when the port
+        did not answer it (not served, not reachable, or an answer the caller's retries
+        need in its gRPC form: not the leader, with its address; unavailable; at a
+        limit): the caller then asks over gRPC. An answer that settles the call (a
+        conflict, bad input, not allowed) raises the client's exception for it."""
+        code, parse = KV_METHODS[method]
+        return self._unary(request, timeout, code, parse, "_kv_unserved_until", SETTLED)
+
+    def _unary(self, request, timeout: float, method: int, parse, unserved: str, raised: set):
+        """One request on a fetch connection of the port: ``parse(reply)``, or None for the
+        caller to ask over gRPC. An error whose code is in ``raised`` is raised; a node
+        that does not serve ``method`` (UNIMPLEMENTED: an older version) is not asked it
+        on the port for ``FALLBACK_SECONDS`` (the attribute named ``unserved``)."""
+        if self._closed or time.monotonic() < max(self._fallback_until, getattr(self, unserved)):
             return None
         deadline = time.monotonic() + timeout
         conn = self._open(timeout, FETCH)
@@ -348,40 +366,11 @@ class ProduceTransport:
             left = deadline - time.monotonic()      # (connecting took some of it)
             if left <= 0:
                 return None
-            return conn.call(request.SerializeToString(), left, METHOD_FETCH, decode_fetch_response).result()
+            return conn.call(request.SerializeToString(), left, method, parse).result()
         except WireCallError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:     # a node from before Fetch on the port
-                self._fetch_unserved_until = time.monotonic() + FALLBACK_SECONDS
-            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise                                # at a limit: the caller backs off, not asks again
-            return None
-        except OSError:
-            return None
-        finally:
-            self._release(conn)
-
-    def kv(self, method: str, request, timeout: float):
-        """``KvPut``/``KvRead`` over the produce port: the response, or None when the port
-        did not answer it (not served, not reachable, or an answer the caller's retries
-        need in its gRPC form: not the leader, with its address; unavailable; at a
-        limit): the caller then asks over gRPC. An answer that settles the call (a
-        conflict, bad input, not allowed) raises the client's exception for it."""
-        if self._closed or time.monotonic() < max(self._fallback_until, self._kv_unserved_until):
-            return None
-        code, parse = KV_METHODS[method]
-        deadline = time.monotonic() + timeout
-        conn = self._open(timeout, FETCH)
-        if conn is None:
-            return None
-        try:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            return conn.call(request.SerializeToString(), left, code, parse).result()
-        except WireCallError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:     # a node from before KV on the port
-                self._kv_unserved_until = time.monotonic() + FALLBACK_SECONDS
-            if e.code() in SETTLED:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                setattr(self, unserved, time.monotonic() + FALLBACK_SECONDS)
+            if e.code() in raised:
                 raise
             return None
         except OSError:

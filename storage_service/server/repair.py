@@ -58,6 +58,7 @@ class Repair:
         self._repair_lock = threading.Lock()
         self._healed_logged: dict[str, float] = {}
         self._repair_failed: set[str] = set()
+        self._damaged_asked: dict[str, float] = {}    # queue -> when check_damaged last asked
         self.repairs = {"healed_reads": 0, "segments_repaired": 0, "indexes_rebuilt": 0, "scrubbed_bytes": 0}
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
@@ -80,9 +81,7 @@ class Repair:
         if not hasattr(self, "_to_repair"):
             return
         now = time.monotonic()
-        asked = getattr(self, "_damaged_asked", None)
-        if asked is None:
-            asked = self._damaged_asked = {}
+        asked = self._damaged_asked
         if now - asked.get(qname, -DAMAGED_EVERY) < DAMAGED_EVERY:
             return
         if now - asked.get(qname, -60.0) < 60.0:         # asked a moment ago, and still damaged

@@ -15,6 +15,8 @@ import java.util.TreeMap;
  * query can switch between format("rocketmq") and format("rocketmq-rt") and resume.
  */
 final class RtOffset extends Offset {
+  private static final ObjectMapper JSON = new ObjectMapper();
+
   final Map<String, Map<Integer, Long>> positions;
 
   RtOffset(Map<String, Map<Integer, Long>> positions) {
@@ -48,7 +50,7 @@ final class RtOffset extends Offset {
 
   static RtOffset fromJson(String json) {
     try {
-      JsonNode root = new ObjectMapper().readTree(json);
+      JsonNode root = JSON.readTree(json);
       Map<String, Map<Integer, Long>> out = new TreeMap<>();
       root.fields().forEachRemaining(t -> {
         Map<Integer, Long> qs = new TreeMap<>();
@@ -63,7 +65,7 @@ final class RtOffset extends Offset {
 
   private static String quote(String s) {
     try {
-      return new ObjectMapper().writeValueAsString(s);
+      return JSON.writeValueAsString(s);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
