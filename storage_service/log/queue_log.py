@@ -23,7 +23,7 @@ from .handles import OpenFiles
 from .queue_reads import QueueReads
 from .swaps import SegmentSwaps
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
-                      recover_tail, write_pairs)
+                      recover_tail)
 
 __all__ = ["FileSpan", "QueueLog", "Segment"]
 
@@ -98,17 +98,16 @@ class QueueLog(SegmentSwaps, QueueReads):
         self._earliest = max(self._earliest, self.segments[0].base)
 
     def _create(self, dirs: DirSyncs | None) -> None:
-        """A new queue: its directory and first segment's (empty) files. Both
+        """A new queue: its directory and first segment's (empty) ``.log``. Both
         directories' new entries must survive a power loss: synced here, or by
         ``dirs``'s owner before a snapshot covers this queue (issue 39: the syncs
         held the first produce to fresh queues to 300-500 queues/s). The files are
         closed again: an idle queue holds none (its first append opens them)."""
         os.makedirs(self.path, exist_ok=True)
         seg = Segment(0, self.path, 0, 0)
-        for ext in SEGMENT_FILES:
-            os.close(os.open(seg.file(ext), os.O_WRONLY | os.O_CREAT, 0o644))
+        os.close(os.open(seg.file("log"), os.O_WRONLY | os.O_CREAT, 0o644))
         self.segments.append(seg)
-        self._idx_since = self.index_interval
+        self._idx_since = 0
         if self.fsync_enabled:
             parent = os.path.dirname(os.path.abspath(self.path))
             if dirs is not None:
@@ -136,35 +135,52 @@ class QueueLog(SegmentSwaps, QueueReads):
     def _new_segment(self, base: int) -> Segment:
         seg = Segment(base, self.path, base, 0)
         open(seg.file("log"), "ab").close()
-        write_pairs(seg.file("idx"), IDX_ENTRY, [])
-        write_pairs(seg.file("tix"), TIX_ENTRY, [])
+        for ext in ("idx", "tix"):      # a stale one (a reset) would misplace reads
+            try:
+                os.unlink(seg.file(ext))
+            except FileNotFoundError:
+                pass
         if self.fsync_enabled:
             # The new files' names: without this a power loss may drop them, and once a
             # raft snapshot covers their entries nothing would write them again
             # (found by the power-loss shim, tests/faults/unsynced.c).
             fsync_dir(self.path)
         self.segments.append(seg)
-        self._idx_since = self.index_interval
+        self._idx_since = 0
         return seg
 
     def _open_writer(self) -> None:
         """Open the active segment's files for appends (lock held).
 
         The index files stay open too: opening them per batch was a visible
-        share of apply when most batches cross an index interval.
+        share of apply when most batches cross an index interval. A segment
+        has them from its first index entry on (``_open_index``).
         """
         self._close_writer()
+        self._wfd = os.open(self.segments[-1].file("log"), os.O_WRONLY | os.O_APPEND)
+        if self._idx_since:     # past the segment's start: its index files may be there
+            try:
+                self._open_index(0)
+            except FileNotFoundError:
+                pass
+        self._note_files()
+
+    def _open_index(self, create: int) -> None:
+        """Open the active segment's index files for appends (``create``: ``os.O_CREAT``
+        to make them). A segment's first batch is at byte 0, so it needs no entry:
+        the files come with the first entry past it, and a queue that never holds
+        64 KiB costs two names (its directory and its ``.log``), not four (issue 39:
+        the first produce to fresh queues was the file system's cost of those names)."""
         seg = self.segments[-1]
         fds = []
         try:
-            for ext in ("log", "idx", "tix"):
-                fds.append(os.open(seg.file(ext), os.O_WRONLY | os.O_APPEND))
+            for ext in ("idx", "tix"):
+                fds.append(os.open(seg.file(ext), os.O_WRONLY | os.O_APPEND | create, 0o644))
         except BaseException:
             for fd in fds:
                 os.close(fd)
             raise
-        self._wfd, self._ifd, self._tfd = fds
-        self._note_files()
+        self._ifd, self._tfd = fds
 
     def _close_writer(self) -> None:
         for fd in (self._wfd, self._ifd, self._tfd):
@@ -174,7 +190,8 @@ class QueueLog(SegmentSwaps, QueueReads):
 
     # ------------------------------------------------------------ open files
     def _open_count(self) -> int:
-        return (3 if self._wfd is not None else 0) + sum(1 for seg in self.segments if seg.fd is not None)
+        return sum(1 for fd in (self._wfd, self._ifd, self._tfd) if fd is not None) + \
+            sum(1 for seg in self.segments if seg.fd is not None)
 
     def _note_files(self) -> None:
         if self.files is not None:
@@ -277,6 +294,9 @@ class QueueLog(SegmentSwaps, QueueReads):
         if n != h.size:                 # the file system ran out part way
             raise OSError(errno.ENOSPC, f"short write ({n} of {h.size} bytes)")
         if indexed:
+            if self._ifd is None:
+                self._open_index(os.O_CREAT)
+                self._note_files()
             self._index_sizes = (os.fstat(self._ifd).st_size, os.fstat(self._tfd).st_size)
             for fd, entry in ((self._ifd, IDX_ENTRY.pack(h.base_offset, seg.size)),
                               (self._tfd, TIX_ENTRY.pack(h.store_ts, h.base_offset))):

@@ -6,6 +6,9 @@ A queue directory holds segments named by their base offset::
     00000000000000000000.idx   sparse offset index: (u64 offset, u64 position)
     00000000000000000000.tix   sparse time index:   (i64 store_ts, u64 offset)
 
+An entry every ``index_interval`` bytes (64 KiB), none for the first batch (it
+is at byte 0): a segment under 64 KiB has no index files at all.
+
 The functions here look at one segment file; ``QueueLog`` (``queue_log.py``)
 keeps the list of segments, appends and cuts.
 """
@@ -99,7 +102,6 @@ def open_sealed(path: str, base: int) -> Segment:
     """
     seg = Segment(base, path, base, os.path.getsize(os.path.join(path, segment_name(base, "log"))))
     idx = read_pairs(seg.file("idx"), IDX_ENTRY)
-    tix = read_pairs(seg.file("tix"), TIX_ENTRY)
     start = idx[-1][1] if idx else 0
     with open(seg.file("log"), "rb") as f:
         f.seek(start)
@@ -107,16 +109,25 @@ def open_sealed(path: str, base: int) -> Segment:
     valid, headers = framing.scan_valid_prefix(tail)
     if (start + valid != seg.size or (seg.size and not headers)
             or (headers and idx and headers[0].base_offset != idx[-1][0])):
-        headers, tix = _rescan(seg)
+        headers = _rescan(seg)
+        start = 0
     if headers:
         seg.next_offset = headers[-1].next_offset
         seg.last_ts = headers[-1].store_ts
         seg.last_position = headers[-1].apply_position
-    seg.first_ts = tix[0][0] if tix else seg.last_ts
+    # A segment's first batch has no index entry (queue_log._open_index).
+    seg.first_ts = seg.last_ts
+    if headers and start == 0:
+        seg.first_ts = headers[0].store_ts
+    elif seg.size:
+        with open(seg.file("log"), "rb") as f:
+            head = f.read(framing.BATCH_HEADER.size + framing.BODY_HEADER.size)
+        if len(head) == framing.BATCH_HEADER.size + framing.BODY_HEADER.size:
+            seg.first_ts = framing.BODY_HEADER.unpack_from(head, framing.BATCH_HEADER.size)[1]
     return seg
 
 
-def _rescan(seg: Segment) -> tuple[list, list]:
+def _rescan(seg: Segment) -> list:
     """The whole segment scanned: its index rebuilt if the batches are whole, else marked damaged."""
     with open(seg.file("log"), "rb") as f:
         data = f.read()
@@ -126,17 +137,17 @@ def _rescan(seg: Segment) -> tuple[list, list]:
         log.error("segment %s: batch at byte %d of %d fails its check (bit rot?): %d batches before it "
                   "are readable; the segment will be repaired from a peer", seg.file("log"), valid,
                   len(data), len(headers))
-        return headers, [(h.store_ts, h.base_offset) for h in headers[:1]]
+        return headers
     idx, tix, _ = index_entries(headers)
     rewrite_index(seg, idx, tix)
     log.warning("segment %s: its index did not match its batches; rebuilt from them", seg.file("log"))
-    return headers, tix
+    return headers
 
 
 def index_entries(headers, interval: int = 64 << 10) -> tuple[list, list, int]:
     """The sparse offset and time index entries of these batches, and the bytes
-    after the last offset-index entry."""
-    idx, tix, since = [], [], interval
+    after the last offset-index entry. A segment's first batch, at byte 0, has none."""
+    idx, tix, since = [], [], 0
     for h in headers:
         if since >= interval:
             idx.append((h.base_offset, h.position))
@@ -208,6 +219,9 @@ def recover_tail(path: str, base: int, index_interval: int) -> tuple[Segment, in
 
 
 def write_pairs(path: str, st: struct.Struct, pairs) -> None:
+    """Replace an index file's entries (none and no file: nothing is made)."""
+    if not pairs and not os.path.exists(path):
+        return
     with open(path, "wb") as f:
         f.write(b"".join(st.pack(*p) for p in pairs))
 

@@ -13,7 +13,7 @@ import os
 
 from ..protocol import framing
 from .durability import fsync_dir
-from .segment import IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, Segment, index_entries, rewrite_index, write_pairs
+from .segment import IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, Segment, index_entries, rewrite_index
 
 __all__ = ["SegmentSwaps"]
 
@@ -29,7 +29,7 @@ class SegmentSwaps:
         """
         cleaned = {ext: seg.file(ext) + ".cleaned" for ext in SEGMENT_FILES}
         try:
-            idx, tix, pos, since, first_ts = [], [], 0, self.index_interval, -1
+            idx, tix, pos, since, first_ts = [], [], 0, 0, -1   # no entry for byte 0
             with open(cleaned["log"], "wb") as f:
                 for frame in frames:
                     h = next(framing.iter_batches(frame, verify=False))
@@ -45,8 +45,9 @@ class SegmentSwaps:
                 f.flush()
                 os.fsync(f.fileno())
             for ext, st, pairs in (("idx", IDX_ENTRY, idx), ("tix", TIX_ENTRY, tix)):
-                write_pairs(cleaned[ext], st, pairs)
-                with open(cleaned[ext], "rb+") as f:
+                with open(cleaned[ext], "wb") as f:      # empty too: the swap renames all three
+                    f.write(b"".join(st.pack(*p) for p in pairs))
+                    f.flush()
                     os.fsync(f.fileno())
         except BaseException:          # a full disk: no half-written file stays
             for path in cleaned.values():
