@@ -15,16 +15,20 @@ __all__ = ["to_rocketmq"]
 
 
 def to_rocketmq(writer, endpoints: str, topic: str, *, token: str | None = None,
-                idempotence_key: str | None = None, tls_ca_file: str | None = None):
+                idempotence_key: str | None = None, tls_ca_file: str | None = None,
+                tls_cert_file: str | None = None, tls_key_file: str | None = None):
     """``writer`` (a ``DataStreamWriter``) with its rows going to ``topic``: columns ``value``
     (required), optional ``key``, ``tags``, ``properties``, ``queue``, as the
     ``format("rocketmq")`` sink takes them. Each task writes as producer
     ``{idempotence_key or the query id}-{partition}`` with sequences from the batch id
     and each row's position in its queue, so a replayed batch stores nothing twice.
     On a cluster with TLS, ``tls_ca_file`` is its CA (PEM; the nodes' HTTPS) and
-    ``token`` a principal's bearer token with ``produce`` on the topic.
+    ``token`` a principal's bearer token with ``produce`` on the topic, or
+    ``tls_cert_file`` and ``tls_key_file`` (PEM) a client certificate whose CN is
+    that principal (nodes started with ``--tls-client-cert`` take it alone).
     Returns ``writer``, to ``start()``."""
     jvm = writer._spark._sc._jvm
-    sink = jvm.io.rmqspark.spark.RocketMQWriter(endpoints, topic, token, idempotence_key, tls_ca_file)
+    sink = jvm.io.rmqspark.spark.RocketMQWriter(endpoints, topic, token, idempotence_key, tls_ca_file,
+                                                 tls_cert_file, tls_key_file)
     writer._jwrite = writer._jwrite.foreach(sink)
     return writer

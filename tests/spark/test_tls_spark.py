@@ -141,8 +141,9 @@ def test_tiering_and_compaction_jobs_with_a_token(spark, secure, admin, tmp_path
 def test_the_real_time_source_and_sink_over_https_with_a_token(spark, secure, admin, app, tmp_path):
     """format("rocketmq-rt") and the JVM sink (rmq_spark.realtime.to_rocketmq) on a secured
     cluster: HTTPS checked against the cluster's CA (tlsCaFile), the principal's token
-    (tokenFile, read on the driver). A real-time copy gives every message once; without
-    the CA, or with a token that may not consume, the query fails saying why."""
+    (tokenFile, read on the driver), or a client certificate (tlsCertFile, tlsKeyFile). A
+    real-time copy gives every message once; without the CA, or with a token that may not
+    consume, the query fails saying why."""
     import time
 
     from rmq_spark.client import Message
@@ -161,9 +162,11 @@ def test_the_real_time_source_and_sink_over_https_with_a_token(spark, secure, ad
             r = r.option(k, v)
         return r.load()
     rows = source(tlsCaFile=secure.tls.ca, tokenFile=token_file).select("key", "value")
+    # the sink shows a client certificate instead of a token: the principal is its CN (admin)
     query = to_rocketmq(rows.writeStream.outputMode("update").trigger(realTime="5 seconds")
                         .option("checkpointLocation", str(tmp_path / "chk")), secure.endpoints, "sp-rt-dst",
-                        token=token, tls_ca_file=secure.tls.ca).start()
+                        tls_ca_file=secure.tls.ca, tls_cert_file=secure.tls.cert,
+                        tls_key_file=secure.tls.key).start()
     try:
         deadline = time.monotonic() + 120
         while sum(o.latest for o in admin.offsets("sp-rt-dst")) < 20 and time.monotonic() < deadline:
@@ -173,6 +176,11 @@ def test_the_real_time_source_and_sink_over_https_with_a_token(spark, secure, ad
         query.stop()
     copied = sorted(r.value for q in (0, 1) for r in admin.fetch("sp-rt-dst", q, 0).records)
     assert copied == sorted(b"s-%d-%d" % (q, i) for q in (0, 1) for i in range(10))
+    by_cert = source(tlsCaFile=secure.tls.ca, tlsCertFile=secure.tls.cert, tlsKeyFile=secure.tls.key) \
+        .writeStream.format("memory").queryName("rt_by_cert").trigger(availableNow=True).start()
+    by_cert.awaitTermination(120)
+    assert by_cert.exception() is None
+    assert spark.sql("select count(*) from rt_by_cert").collect()[0][0] == 20
     # no CA: plain HTTP to the nodes' HTTPS ports, refused; no token: not authenticated
     for opts, says in (({"token": token}, "a cluster with TLS takes HTTPS only: give tlsCaFile"),
                        ({"tlsCaFile": secure.tls.ca}, "UNAUTHENTICATED")):

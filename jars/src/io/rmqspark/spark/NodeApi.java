@@ -14,14 +14,21 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.security.GeneralSecurityException;
+import java.security.KeyFactory;
 import java.security.KeyStore;
+import java.security.PrivateKey;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
+import java.security.spec.PKCS8EncodedKeySpec;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import javax.net.ssl.KeyManager;
+import javax.net.ssl.KeyManagerFactory;
 import javax.net.ssl.SSLContext;
 import javax.net.ssl.TrustManagerFactory;
 
@@ -47,9 +54,10 @@ final class NodeApi {
   /** topic + "/" + queue -> the gRPC address of the node that last served it. */
   private final Map<String, String> leaders = new ConcurrentHashMap<>();
 
-  static NodeApi shared(List<String> grpcEndpoints, String token, String caFile) {
+  /** ``tls``: the CA file, and a client certificate and its key (or nulls), PEM. */
+  static NodeApi shared(List<String> grpcEndpoints, String token, String... tls) {
     return SHARED.computeIfAbsent(String.join(",", grpcEndpoints) + "|" + (token == null ? "" : token) + "|"
-        + (caFile == null ? "" : caFile), k -> new NodeApi(grpcEndpoints, token, caFile));
+        + Arrays.toString(tls), k -> new NodeApi(grpcEndpoints, token, tls));
   }
 
   /** The node that last served ``queue`` of ``topic`` ("" if none is known yet). */
@@ -63,7 +71,8 @@ final class NodeApi {
     }
   }
 
-  private NodeApi(List<String> grpcEndpoints, String token, String caFile) {
+  private NodeApi(List<String> grpcEndpoints, String token, String[] tls) {
+    String caFile = tls.length > 0 ? tls[0] : null;
     this.nodes = new ArrayList<>();
     for (String e : grpcEndpoints) {
       this.nodes.add(httpAddress(e));
@@ -73,7 +82,7 @@ final class NodeApi {
         .followRedirects(HttpClient.Redirect.NORMAL)
         .connectTimeout(Duration.ofSeconds(3));
     if (caFile != null && !caFile.isEmpty()) {
-      b.sslContext(trusting(caFile));
+      b.sslContext(tls(caFile, tls.length > 2 ? tls[1] : null, tls.length > 2 ? tls[2] : null));
       this.scheme = "https";
     } else {
       this.scheme = "http";
@@ -81,8 +90,10 @@ final class NodeApi {
     this.http = b.build();
   }
 
-  /** TLS trusting only the certificates of ``caFile`` (PEM), the cluster's CA. */
-  static SSLContext trusting(String caFile) {
+  /** TLS trusting only the certificates of ``caFile`` (PEM), the cluster's CA; with
+   * ``certFile`` and ``keyFile`` (PEM, the key PKCS#8 as rmq-storage's certificates have
+   * it), showing that client certificate: the principal is its CN, as on gRPC. */
+  static SSLContext tls(String caFile, String certFile, String keyFile) {
     try (InputStream in = Files.newInputStream(Paths.get(caFile))) {
       KeyStore store = KeyStore.getInstance(KeyStore.getDefaultType());
       store.load(null, null);
@@ -91,15 +102,54 @@ final class NodeApi {
         store.setCertificateEntry("ca-" + i++, c);
       }
       if (i == 0) {
-        throw new IllegalArgumentException("option tlsCaFile: " + caFile + " holds no PEM certificate");
+        throw new IllegalArgumentException("option 'tlsCaFile': " + caFile + " holds no PEM certificate");
       }
       TrustManagerFactory tmf = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
       tmf.init(store);
       SSLContext ctx = SSLContext.getInstance("TLS");
-      ctx.init(null, tmf.getTrustManagers(), null);
+      ctx.init(certFile == null ? null : keys(certFile, keyFile), tmf.getTrustManagers(), null);
       return ctx;
     } catch (IOException | GeneralSecurityException e) {
-      throw new IllegalArgumentException("option tlsCaFile: " + caFile + ": " + e.getMessage(), e);
+      throw new IllegalArgumentException("option 'tlsCaFile': " + caFile + ": " + e.getMessage(), e);
+    }
+  }
+
+  private static KeyManager[] keys(String certFile, String keyFile) {
+    List<Certificate> chain;
+    try (InputStream in = Files.newInputStream(Paths.get(certFile))) {
+      chain = new ArrayList<>(CertificateFactory.getInstance("X.509").generateCertificates(in));
+    } catch (IOException | GeneralSecurityException e) {
+      throw new IllegalArgumentException("option 'tlsCertFile': " + certFile + ": " + e.getMessage(), e);
+    }
+    if (chain.isEmpty()) {
+      throw new IllegalArgumentException("option 'tlsCertFile': " + certFile + " holds no PEM certificate");
+    }
+    PrivateKey key;
+    try {
+      String pem = new String(Files.readAllBytes(Paths.get(keyFile)), StandardCharsets.US_ASCII);
+      int from = pem.indexOf("-----BEGIN PRIVATE KEY-----");
+      int to = pem.indexOf("-----END PRIVATE KEY-----");
+      if (from < 0 || to < from) {
+        throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile
+            + " holds no PKCS#8 PEM key (-----BEGIN PRIVATE KEY-----)");
+      }
+      byte[] der = Base64.getMimeDecoder().decode(pem.substring(from + 27, to));
+      String algorithm = chain.get(0).getPublicKey().getAlgorithm();      // EC or RSA: the certificate's
+      key = KeyFactory.getInstance(algorithm).generatePrivate(new PKCS8EncodedKeySpec(der));
+    } catch (IOException | GeneralSecurityException e) {
+      throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile + ": " + e.getMessage(), e);
+    }
+    try {
+      char[] none = new char[0];
+      KeyStore store = KeyStore.getInstance(KeyStore.getDefaultType());
+      store.load(null, null);
+      store.setKeyEntry("client", key, none, chain.toArray(new Certificate[0]));
+      KeyManagerFactory kmf = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
+      kmf.init(store, none);
+      return kmf.getKeyManagers();
+    } catch (IOException | GeneralSecurityException e) {
+      throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile + " does not go with " + certFile
+          + ": " + e.getMessage(), e);
     }
   }
 

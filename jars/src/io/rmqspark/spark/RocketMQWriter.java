@@ -41,7 +41,7 @@ public final class RocketMQWriter extends ForeachWriter<Row> {
   private final String topic;
   private final String token;
   private final String idempotenceKey;
-  private final String tlsCaFile;
+  private final String[] tls;        // CA, client certificate, its key (RtOptions.tls)
   private transient NodeApi api;
   private transient int queues;
   private transient String producer;
@@ -51,21 +51,38 @@ public final class RocketMQWriter extends ForeachWriter<Row> {
   private transient Map<Integer, Long> positions;
 
   public RocketMQWriter(String endpoints, String topic, String token, String idempotenceKey, String tlsCaFile) {
+    this(endpoints, topic, token, idempotenceKey, tlsCaFile, null, null);
+  }
+
+  /** ``tlsCertFile`` and ``tlsKeyFile``: a client certificate (the principal is its CN), where
+   * the nodes take one instead of a token. */
+  public RocketMQWriter(String endpoints, String topic, String token, String idempotenceKey, String tlsCaFile,
+                        String tlsCertFile, String tlsKeyFile) {
     if (topic == null || topic.isEmpty()) {
       throw new IllegalArgumentException("topic: required: the topic to write to");
     }
-    RtOptions.parse(Map.of("endpoints", endpoints == null ? "" : endpoints, "topic", topic));   // checked early
+    Map<String, String> opts = new HashMap<>();
+    opts.put("endpoints", endpoints == null ? "" : endpoints);
+    opts.put("topic", topic);
+    String[] names = {"tlsCaFile", "tlsCertFile", "tlsKeyFile"};
+    String[] given = {tlsCaFile, tlsCertFile, tlsKeyFile};
+    for (int i = 0; i < 3; i++) {
+      if (given[i] != null) {
+        opts.put(names[i], given[i]);
+      }
+    }
+    RtOptions checked = RtOptions.parse(opts);     // checked here, on the driver, in the source's words
     this.endpoints = endpoints;
     this.topic = topic;
     this.token = token;
     this.idempotenceKey = idempotenceKey;
-    this.tlsCaFile = tlsCaFile;
+    this.tls = new String[] {checked.tlsCaFile, checked.tlsCertFile, checked.tlsKeyFile};
   }
 
   @Override
   public boolean open(long partitionId, long epochId) {
     List<String> eps = Arrays.asList(endpoints.split("\\s*,\\s*"));
-    api = NodeApi.shared(eps, token, tlsCaFile);
+    api = NodeApi.shared(eps, token, tls);
     try {
       queues = api.describe(topic, System.currentTimeMillis() + CALL_MS).size();
     } catch (IOException e) {

@@ -9,6 +9,9 @@ import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
 import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeRead;
 import org.apache.spark.unsafe.types.UTF8String;
 
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
@@ -24,6 +27,7 @@ import java.util.zip.CRC32;
  * last row handed out: what was fetched and not handed out is fetched again next batch.
  */
 final class RtReader implements SupportsRealTimeRead<InternalRow> {
+  private static final Logger LOG = LoggerFactory.getLogger(RtReader.class);
   private static final long POLL_MS = 1000;
   private static final long CALL_MS = 60_000;     // a fetch that finds no node for this long fails the task
 
@@ -37,7 +41,8 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
 
   RtReader(RtPartition p) {
     this.p = p;
-    this.api = NodeApi.shared(p.opts.endpoints, p.opts.token, p.opts.tlsCaFile);
+    this.api = NodeApi.shared(p.opts.endpoints, p.opts.token, p.opts.tlsCaFile, p.opts.tlsCertFile,
+        p.opts.tlsKeyFile);
     this.topic = UTF8String.fromString(p.topic);
     CRC32 crc = new CRC32();
     crc.update(p.topic.getBytes(StandardCharsets.UTF_8));
@@ -134,15 +139,15 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
     if (q == null) {
       throw new IOException("topic " + p.topic + " has no queue " + p.queue + " any more", e);
     }
-    String what = next < q.earliest
-        ? "offsets " + next + " to " + (q.earliest - 1) + " are gone (retention or compaction cut them)"
-        : "offsets from " + next + " on are gone: the queue went back to " + q.latest
-            + " (was the topic deleted and created again?)";
+    String why = next < q.earliest
+        ? RtStream.lost(p.topic, p.queue, next, q.earliest, "were removed by retention before they were read "
+            + "(the queue now starts at " + q.earliest + ")")
+        : RtStream.lost(p.topic, p.queue, next, -1, "are gone: the queue went back to " + q.latest
+            + " (was the topic deleted and created again?); reading it again from its earliest offset " + q.earliest);
     if (p.opts.failOnDataLoss) {
-      throw new IOException("data loss: topic '" + p.topic + "' queue " + p.queue + ": " + what
-          + ". The query needs them and failOnDataLoss is true; set .option('failOnDataLoss', 'false') to skip "
-          + "missing offsets", e);
+      throw new IOException(why, e);
     }
+    LOG.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
     next = Math.min(q.earliest, p.end);
   }
 

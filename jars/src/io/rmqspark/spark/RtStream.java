@@ -8,6 +8,8 @@ import org.apache.spark.sql.connector.read.streaming.PartitionOffset;
 import org.apache.spark.sql.connector.read.streaming.ReadLimit;
 import org.apache.spark.sql.connector.read.streaming.SupportsAdmissionControl;
 import org.apache.spark.sql.connector.read.streaming.SupportsRealTimeMode;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -25,6 +27,7 @@ import java.util.TreeMap;
  */
 final class RtStream implements MicroBatchStream, SupportsRealTimeMode, SupportsAdmissionControl {
   private static final long DESCRIBE_MS = 30_000;
+  private static final Logger LOG = LoggerFactory.getLogger(RtStream.class);
 
   private final RtOptions opts;
   private final NodeApi api;
@@ -32,7 +35,7 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
 
   RtStream(RtOptions opts) {
     this.opts = opts;
-    this.api = NodeApi.shared(opts.endpoints, opts.token, opts.tlsCaFile);
+    this.api = NodeApi.shared(opts.endpoints, opts.token, opts.tlsCaFile, opts.tlsCertFile, opts.tlsKeyFile);
   }
 
   private Map<String, List<NodeApi.Queue>> describe() {
@@ -100,11 +103,55 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
     Map<String, Map<Integer, Long>> pos = new TreeMap<>();
     ((RtOffset) latestOffset()).positions.forEach((t, qs) -> {
       Map<Integer, Long> out = new TreeMap<>();
-      qs.forEach((q, latest) -> out.put(q, Math.max(latest, from.getOrDefault(t, Map.of()).getOrDefault(q, latest))));
+      qs.forEach((q, latest) -> {
+        long s = from.getOrDefault(t, Map.of()).getOrDefault(q, latest);
+        out.put(q, s > latest && wentBack(t, q, s) ? latest : Math.max(latest, s));
+      });
       pos.put(t, out);
     });
     from.forEach((t, qs) -> qs.forEach((q, o) -> pos.computeIfAbsent(t, k -> new TreeMap<>()).putIfAbsent(q, o)));
     return new RtOffset(pos);
+  }
+
+  /** Whether ``queue`` of ``topic`` really ends before ``offset`` (its leader says so, not a
+   * lagging replica): the topic was deleted and created again behind the query's back.
+   * The query fails naming the offsets (failOnDataLoss) or reads the queue again from its
+   * earliest offset (planInputPartitions), as the Python source does. */
+  private boolean wentBack(String topic, int queue, long offset) {
+    try {
+      api.fetch(api.leader(topic, queue), topic, queue, offset, 1, 0, System.currentTimeMillis() + 30_000);
+      return false;
+    } catch (NodeApi.NodeError e) {
+      if (!"OUT_OF_RANGE".equals(e.code)) {
+        throw new UncheckedIOException(e);
+      }
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    long earliest = 0;
+    long latest = 0;
+    for (NodeApi.Queue q : describe().getOrDefault(topic, List.of())) {
+      if (q.queue == queue) {
+        earliest = q.earliest;
+        latest = q.latest;
+      }
+    }
+    String why = lost(topic, queue, offset, -1, "are gone: the queue went back to " + latest
+        + " (was the topic deleted and created again?); reading it again from its earliest offset " + earliest);
+    if (opts.failOnDataLoss) {
+      throw new IllegalStateException(why);
+    }
+    LOG.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
+    return true;
+  }
+
+  /** The Python source's data-loss error (rmq_spark/datasource/errors.py), word for word:
+   * offsets [start, end) (end -1: from start on) of a queue are gone, and why. */
+  static String lost(String topic, int queue, long start, long end, String reason) {
+    return "data loss: topic '" + topic + "' queue " + queue + ": offsets "
+        + (end < 0 ? "from " + start + " on" : "[" + start + ", " + end + ")") + " " + reason
+        + ". The query needs them and failOnDataLoss is true; set .option('failOnDataLoss', 'false') to skip "
+        + "missing offsets with a warning instead";
   }
 
   @Override
@@ -116,9 +163,19 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
     // as the real-time plan numbered them (the sink's producer ids are per partition).
     ((RtOffset) end).positions.forEach((t, qs) -> qs.forEach((q, to) -> {
       long from = s.getOrDefault(t, Map.of()).getOrDefault(q, to);
-      parts.add(new RtPartition(opts, t, q, Math.min(from, to), to));
+      // past the end: the queue went back (latestOffset checked it): all of it again
+      parts.add(new RtPartition(opts, t, q, from > to ? Math.min(earliest(t, q), to) : from, to));
     }));
     return parts.toArray(new InputPartition[0]);
+  }
+
+  private long earliest(String topic, int queue) {
+    for (NodeApi.Queue q : describe().getOrDefault(topic, List.of())) {
+      if (q.queue == queue) {
+        return q.earliest;
+      }
+    }
+    return 0;
   }
 
   @Override
