@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Placement simulation: the controller's own planning (``plan_move``,
-``plan_rebalance`` in storage_service/server/controller.py) on 100 nodes and
+``plan_rebalance`` in storage_service/cluster/controller.py) on 100 nodes and
 10,000 groups, without processes.
 
 A cluster of 90 nodes starts with 10,000 groups of 3 replicas
@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from storage_service.protocol.placement import initial_replicas  # noqa: E402
-from storage_service.server.controller import ClusterView, plan_move, plan_rebalance, plan_swap  # noqa: E402
+from storage_service.cluster.controller import ClusterView, plan_move, plan_rebalance, plan_swap  # noqa: E402
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""``rmq-storage``'s entry point: the storage node's CLI (``server/cli.py``), or, where
+"""``rmq-storage``'s entry point: the storage node's CLI (``cli.py``), or, where
 the server's own packages are not installed (``pip install rmq-spark`` is the client,
 the CLI and the Spark connector), a message saying how to get them."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ SERVER_PACKAGES = ("pysyncobj", "aiohttp", "prometheus_client", "jwt", "cryptogr
 
 def main(argv=None):
     try:
-        from .server.cli import main as node_main
+        from .cli import main as node_main
     except ModuleNotFoundError as e:
         if (e.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise

@@ -100,7 +100,7 @@ def test_a_bad_rack_name_is_refused_before_anything_starts(tmp_path):
     import subprocess
     import sys
     for rack, says in (("a b", "letters, digits"), ("r" * 65, "at most 64")):
-        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+        out = subprocess.run([sys.executable, "-m", "storage_service.cli", "node", "--id", "0",
                               "--nodes", "127.0.0.1:1", "--data-dir", str(tmp_path / "n"), "--rack", rack],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and "--rack" in out.stderr and says in out.stderr, out.stderr

@@ -371,7 +371,7 @@ def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, clust
             (["--nodes", "127.0.0.1:1", *tls, "--token-secret-file", str(tmp_path / "none")], "none"),
             (["--nodes", "127.0.0.1:1", "--data-umask", "700"], "--data-umask 700"),
             (["--nodes", "127.0.0.1:1", "--data-umask", "rw"], "--data-umask rw")):
-        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+        out = subprocess.run([sys.executable, "-m", "storage_service.cli", "node", "--id", "0",
                               "--data-dir", str(data), *args], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, (args, out.stderr)
         assert not data.exists()

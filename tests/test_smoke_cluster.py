@@ -61,7 +61,7 @@ def test_a_node_whose_grpc_port_is_taken_exits_2_naming_it(tmp_path):
     taken.bind(("127.0.0.1", base))
     taken.listen()
     try:
-        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+        out = subprocess.run([sys.executable, "-m", "storage_service.cli", "node", "--id", "0",
                               "--nodes", f"127.0.0.1:{base}", "--replication-factor", "1",
                               "--data-dir", str(tmp_path / "n")], capture_output=True, text=True, timeout=60)
     finally:

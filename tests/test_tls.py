@@ -178,7 +178,7 @@ def test_a_node_with_unusable_tls_files_stops_before_starting_anything(tmp_path,
     data = tmp_path / "node"
     for cert, key, text in ((node.cert, stranger.key, "KEY_VALUES_MISMATCH|key values mismatch"),
                             (node.cert, str(tmp_path / "none.pem"), "none.pem")):
-        out = subprocess.run([sys.executable, "-m", "storage_service.server.cli", "node", "--id", "0",
+        out = subprocess.run([sys.executable, "-m", "storage_service.cli", "node", "--id", "0",
                               "--nodes", "127.0.0.1:1", "--data-dir", str(data), "--tls-ca", ca.cert,
                               "--tls-cert", cert, "--tls-key", key],
                              capture_output=True, text=True, timeout=60)

@@ -182,7 +182,7 @@ class LocalCluster:
         who = (["--id", str(i), "--nodes", founders] if i < self.founders
                else ["--listen", self.addresses[i], "--join", founders])
         rack = self.rack_of(i)
-        return [sys.executable, "-m", "storage_service.server.cli", "node", *who, "--groups", str(self.groups),
+        return [sys.executable, "-m", "storage_service.cli", "node", *who, "--groups", str(self.groups),
                 "--data-dir", os.path.join(self.data_dir, f"node-{i}"),
                 "--fsync", self.fsync, *(["--rack", rack] if rack else []), *self.extra_args]
 

@@ -8,7 +8,7 @@ once space is freed. ``Shortage`` carries it up; the node then
 * refuses produce while its data directory has less than ``reserve`` bytes
   free (RESOURCE_EXHAUSTED naming the node, the path and the figures; the
   client retries, and the groups this node leads move to a replica with
-  room: ``server/upkeep.py``);
+  room: ``cluster/upkeep.py``);
 * as a follower, takes no new entries into its journal (they would need
   the same space again in the segments when applied) and so acknowledges
   none: the other replicas keep the group available;

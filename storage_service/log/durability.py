@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 class Damaged(Exception):
     """This replica's copy of ``queue`` failed its check where a decision needed it (a
     key-value condition reads the key index, built from the log). Nothing was
-    changed; the copy is being repaired from a peer (``server/repair.py``). In
+    changed; the copy is being repaired from a peer (``cluster/repair.py``). In
     apply, the raft group applies the entry again on a later tick, as after a
     ``diskspace.Shortage``; a read answers UNAVAILABLE (retry)."""
 

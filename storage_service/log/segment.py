@@ -75,7 +75,7 @@ class Segment:
     last_ts: int = -1
     last_position: int = 0
     fd: int | None = field(default=None, repr=False)
-    damaged: bool = False   # a batch failed its CRC (bit rot): repaired from a peer (server/repair.py)
+    damaged: bool = False   # a batch failed its CRC (bit rot): repaired from a peer (cluster/repair.py)
 
     def file(self, ext: str) -> str:
         return os.path.join(self.path, segment_name(self.base, ext))

@@ -76,7 +76,7 @@ class SegmentSwaps:
 
     def repair_segment(self, seg: Segment, frames: list[bytes]) -> bool:
         """Swap a sealed segment for a healthy replica's batches of its offset range
-        (bit rot; ``server/repair.py``); False if the segment went meanwhile."""
+        (bit rot; ``cluster/repair.py``); False if the segment went meanwhile."""
         last = next(framing.iter_batches(frames[-1]))
         if not self.replace_segment(seg, frames):
             return False

@@ -38,7 +38,7 @@ class StorageError(Exception):
 
 class ServiceError(StorageError):
     """A request's failure, answered with ``code`` and ``message`` (the node's handlers
-    raise it; ``server/errors.py`` has its kinds)."""
+    raise it; ``protocol/errors.py`` has its kinds)."""
 
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message, code)
@@ -55,3 +55,73 @@ class CallFailed(Exception):
     def __init__(self, code: grpc.StatusCode, details: str, trailing: tuple = ()):
         super().__init__(details)
         self.code, self.details, self.trailing = code, details, dict(trailing)
+
+__all__ = ["Backlog", "OutOfOrder", "ServiceError", "NotLeader", "NodeFull", "invalid", "not_found"]
+
+
+class NotLeader(ServiceError):
+    """This node does not lead the group; ``leader`` is the gRPC address to retry."""
+    retriable = True
+
+    def __init__(self, group: int, leader: str | None, why: str = ""):
+        where = f"leader is {leader}" if leader else "no leader known here (an election may be running)"
+        super().__init__(grpc.StatusCode.UNAVAILABLE, f"not leader of group {group}: {why or where}")
+        self.group = group
+        self.leader = leader
+
+    def trailing_metadata(self) -> tuple:
+        return ((LEADER_METADATA_KEY, self.leader),) if self.leader else ()
+
+
+class NodeFull(ServiceError):
+    """This node is short of disk space: a moment's condition (space is freed, or the
+    group's leadership moves to a replica with room), so the client retries."""
+    retriable = True
+    retry_after_ms = 500
+
+    def __init__(self, message: str):
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
+    def trailing_metadata(self) -> tuple:
+        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
+
+
+class Backlog(ServiceError):
+    """A group's batches waiting to be committed reached the node's limit: refused
+    rather than queued without bound; the client backs off and retries."""
+    retriable = True
+    retry_after_ms = 20
+
+    def __init__(self, group: int, waiting: int, limit: int):
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"group {group}: {_size(waiting)} of produce batches wait to be committed; the "
+                         f"limit is {_size(limit)} per group (--max-commit-backlog): retry in a moment")
+
+    def trailing_metadata(self) -> tuple:
+        return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)
+
+
+class OutOfOrder(ServiceError):
+    """An in-order batch came before an earlier batch of its producer was stored
+    (that one failed, or is still on its way): the producer sends again from there."""
+    retriable = True
+
+    def __init__(self, group: int, producer: str, sequence: int, expected: int):
+        super().__init__(grpc.StatusCode.ABORTED,
+                         f"out of order: producer {producer} sent sequence {sequence} to a queue of group "
+                         f"{group} where sequence {expected} comes next; send the batches from {expected} "
+                         "again, in order")
+        self.expected = expected
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB" if n >= 1 << 20 and not n % (1 << 20) else \
+        f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.0f} KiB"
+
+
+def invalid(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def not_found(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, message)

@@ -13,7 +13,7 @@ A connection starts with a hello each way, then carries frames::
 
 A client's hello with flag 1 (``FLAG_TOKEN``) is followed by its bearer
 token (``length`` bytes of UTF-8, at most ``MAX_TOKEN``): the node
-authenticates the connection by it (``server/authz.py``), as gRPC calls by
+authenticates the connection by it (``security/authz.py``), as gRPC calls by
 their ``authorization`` metadata. Flag 2 (``FLAG_PIPELINED``): the client keeps
 several produce requests in flight on the connection; the node submits them in
 the order they come and reads on while they commit (``Client.producer``).

@@ -5,7 +5,7 @@ of operations on a resource: a topic, a consumer group (by name, or every
 name starting with a prefix) or the cluster. Only allows exist: what no
 entry allows is denied (Kafka's model without its deny entries). ``produce``,
 ``consume`` and ``alter`` each imply ``describe`` on the same resource;
-``all`` is every operation. What each RPC needs is in ``server/authz.py``.
+``all`` is every operation. What each RPC needs is in ``security/authz.py``.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ and by ``rmq cluster`` (``ClusterCommand``)."""
 from __future__ import annotations
 
 from ..proto import rmq_pb2
-from .errors import invalid
+from ..protocol.errors import invalid
 from .guard import _guard
 from .validate import check_data_group, check_node_address
 

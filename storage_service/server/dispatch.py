@@ -38,7 +38,7 @@ from ..proto import rmq_pb2
 from ..protocol.errors import RETRY_AFTER_METADATA_KEY, CallFailed  # noqa: F401  (also imported from here)
 from ..protocol.placement import GRPC_OPTIONS, cluster_address
 from ..protocol.tls import TlsFiles, server_credentials
-from .errors import ServiceError
+from ..protocol.errors import ServiceError
 from .guard import Undecodable, _decoder
 
 __all__ = ["Parked", "AsyncServer", "CallFailed", "Limits", "SyncContext"]

@@ -7,7 +7,7 @@ import logging
 import grpc
 from google.protobuf.message import DecodeError
 
-from .errors import ServiceError, invalid
+from ..protocol.errors import ServiceError, invalid
 
 __all__ = ["Undecodable", "_decoder", "_guard"]
 

@@ -19,12 +19,12 @@ from storage_service.proto import rmq_pb2
 
 from ..log.durability import Damaged
 from ..protocol import records
-from ..statemachine.data import parse_queue_dir, queue_dir
+from ..statemachine.data import queue_dir
 from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
-from .errors import ServiceError
+from ..protocol.errors import ServiceError
 from .validate import check_block, check_topic_name, invalid
 
-__all__ = ["MAX_KEY_BYTES", "KvConflict", "expire_keys", "kv_put", "kv_read"]
+__all__ = ["MAX_KEY_BYTES", "KvConflict", "kv_put", "kv_read"]
 
 MAX_KEY_BYTES = 4096
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -143,24 +143,3 @@ def _store(node, cfg: dict, queue: int, allow_follower: bool):
     else:
         node.require_read_leader(g)
     return node.states[g].kv, queue_dir(cfg["name"], cfg["incarnation"], queue)
-
-
-def expire_keys(node, limit: int = 1000) -> int:
-    """On the data groups this node leads: commit a delete of every key whose TTL ran
-    out, conditioned on the revision that expired (a newer put stays). Returns how
-    many were deleted."""
-    now, deleted = node.now_ms(), 0
-    for g, st in list(node.states.items()):
-        raft, store = node.groups.get(g), st.kv_if_open
-        if store is None or raft is None or not raft.is_leader:
-            continue
-        for name, key, rev in store.index.expired(now, limit):
-            topic, inc, queue = parse_queue_dir(name)
-            cfg = node.meta.topic(topic)
-            if cfg is None or cfg["incarnation"] != inc:
-                continue
-            block = records.encode([None], [key])
-            g2, fut = node.submit_produce(cfg, queue, block, 1, "", 0, condition=("expired", rev))
-            if node.wait_produce(g2, fut)[0] != KV_CONFLICT:
-                deleted += 1
-    return deleted

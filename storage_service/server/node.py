@@ -28,15 +28,15 @@ from ..raft.groupcommit import GroupCommitter
 from ..raft.tls_wire import RaftTls
 from ..statemachine.data import DataState, parse_queue_dir, queue_dir
 from ..statemachine.meta import MetaState
-from .authz import Gate
-from .controller import Controller
-from .errors import NotLeader, ServiceError, not_found
-from .hosting import hosted_on_disk, initial_layout, joined_groups, record_join
-from .peers import ask_group, fetch_range
-from .meta_sync import MetaSync, security_config
-from .repair import Repair
-from .replicas import ReplicaSet
-from .upkeep import Upkeep
+from ..security.authz import Gate
+from ..cluster.controller import Controller
+from ..protocol.errors import NotLeader, ServiceError, not_found
+from ..cluster.hosting import hosted_on_disk, initial_layout, joined_groups, record_join
+from ..cluster.peers import ask_group, fetch_range
+from ..security.meta_sync import MetaSync, security_config
+from ..cluster.repair import Repair
+from ..cluster.replicas import ReplicaSet
+from ..cluster.upkeep import Upkeep
 from .writes import NodeWrites, produce_entry
 
 __all__ = ["NodeConfig", "StorageNode"]
@@ -56,7 +56,7 @@ class NodeConfig:
     groups: int
     data_dir: str
     fsync: str = "always"
-    rack: str = ""                      # its rack (server/racks.py); "" shares the rack of all such nodes
+    rack: str = ""                      # its rack (cluster/racks.py); "" shares the rack of all such nodes
     max_message_bytes: int = 4 << 20
     max_batch_bytes: int = 16 << 20
     max_batch_messages: int = 100_000
@@ -80,7 +80,7 @@ class NodeConfig:
     tls_client_cert: bool = False       # clients must present a certificate of the cluster's CA
     node_names: tuple[str, ...] = ()    # TLS: certificate common names of the cluster's nodes
                                         # (default: this node's own certificate's)
-    authorize: bool = False             # credentials required, ACLs enforced (server/authz.py)
+    authorize: bool = False             # credentials required, ACLs enforced (security/authz.py)
     token_secret_file: str | None = None  # signs and checks bearer tokens (security/tokens.py)
     superusers: tuple[str, ...] = ()    # principals allowed everything
     data_umask: int = 0o077             # the data directory's mode is 0777 & ~this (0700: the node's

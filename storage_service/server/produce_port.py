@@ -54,7 +54,7 @@ from ..protocol.errors import status_code
 from ..protocol.fetch_wire import decode_fetch_response, encode_fetch_head
 from ..protocol.localread import host_id
 from ..protocol.tls import TlsSocket, common_name
-from .errors import ServiceError
+from ..protocol.errors import ServiceError
 
 __all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "ProduceWireServer", "recv_exact", "send_frame"]
 

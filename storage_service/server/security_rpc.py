@@ -9,7 +9,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..security.acl import check_entry
 from ..statemachine.commands import ChangeAcls, SetPrincipal
-from .errors import ServiceError, invalid
+from ..protocol.errors import ServiceError, invalid
 from .guard import _guard
 
 __all__ = ["SecurityAdmin"]

@@ -25,7 +25,7 @@ from ..statemachine.meta import FENCED_WATERMARKS, TOPIC_DEFAULTS, queue_growth_
 from .admin_rpc import ClusterAdmin
 from .security_rpc import SecurityAdmin
 from .dispatch import Parked
-from .errors import ServiceError, invalid
+from ..protocol.errors import ServiceError, invalid
 from .node import StorageNode
 from .guard import _guard
 from .kv import kv_put, kv_read

@@ -13,7 +13,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..protocol import records
 from ..statemachine.data import parse_queue_dir
-from .errors import ServiceError, invalid
+from ..protocol.errors import ServiceError, invalid
 
 __all__ = ["CLEANUP_POLICIES", "LEASE_KINDS", "MAX_LEASE_MS", "WATERMARK_KINDS", "check_block", "check_config",
            "check_group", "check_queue", "check_replica_fetch", "check_topic_name", "messages_to_block", "parse_block",

@@ -21,7 +21,7 @@ from ..raft.group import RaftGroup
 from ..raft.groupcommit import CommitFailed
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import OUT_OF_ORDER, queue_dir
-from .errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError
+from ..protocol.errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError
 
 __all__ = ["NodeWrites", "produce_entry"]
 

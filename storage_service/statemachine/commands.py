@@ -177,7 +177,7 @@ class SetNode(_Command):
 @dataclass(frozen=True, slots=True)
 class SetRack(_Command):
     """Record a node's rack (``rmq-storage node --rack``): its replicas' placement
-    keeps each group's replicas on distinct racks (``server/racks.py``)."""
+    keeps each group's replicas on distinct racks (``cluster/racks.py``)."""
     KIND: ClassVar[str] = "set_rack"
     address: str
     rack: str

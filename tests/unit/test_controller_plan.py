@@ -1,4 +1,4 @@
-"""The controller's planning (storage_service/server/controller.py) on made-up views:
+"""The controller's planning (storage_service/cluster/controller.py) on made-up views:
 where replicas go when nodes join, leave or fail, and when a rebalance stops."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import initial_replicas
-from storage_service.server.controller import ClusterView, plan_move, plan_rebalance
+from storage_service.cluster.controller import ClusterView, plan_move, plan_rebalance
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ def test_no_move_when_no_node_can_take_the_replica():
 
 
 def test_groups_are_added_as_nodes_join_to_keep_the_replicas_per_node():
-    from storage_service.server.controller import plan_growth
+    from storage_service.cluster.controller import plan_growth
     nodes = ["n0", "n1", "n2"]
     record = initial_replicas(nodes, 6, 3)
     assert plan_growth(_view(nodes, record), density=6.0, rf=3) is None           # as it started
@@ -111,7 +111,7 @@ def test_groups_are_added_as_nodes_join_to_keep_the_replicas_per_node():
 
 
 def test_a_swap_evens_data_without_changing_replica_counts():
-    from storage_service.server.controller import plan_swap
+    from storage_service.cluster.controller import plan_swap
     nodes = ["n0", "n1", "n2", "n3"]
     record = initial_replicas(nodes, 8, 3)
     sizes = {g: (40 if g in (1, 5) else 1) << 30 for g in record}     # two big groups

@@ -1,4 +1,4 @@
-"""Replicas across racks (storage_service/server/racks.py, the controller's planning):
+"""Replicas across racks (storage_service/cluster/racks.py, the controller's planning):
 property tests over random clusters, racks, joins, failures and decommissions."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from storage_service.proto import rmq_pb2
 from storage_service.protocol.placement import initial_replicas
-from storage_service.server.controller import ClusterView, plan_growth, plan_move, plan_rebalance
-from storage_service.server.racks import Racks, cap
+from storage_service.cluster.controller import ClusterView, plan_growth, plan_move, plan_rebalance
+from storage_service.cluster.racks import Racks, cap
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """The security model without the network: ACLs (security/acl.py), tokens
 (security/tokens.py), the metadata group's security record (statemachine/security.py
-through MetaState.apply), the Gate every call passes (server/authz.py) and the
+through MetaState.apply), the Gate every call passes (security/authz.py) and the
 produce port's hello with a token (protocol/produce_frames.py)."""
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from storage_service.protocol.produce_frames import (FLAG_TOKEN, HELLO, MAX_TOKE
                                                      check_hello, hello)
 from storage_service.security.acl import OPERATIONS, AclEntry, allows, check_entry
 from storage_service.security.tokens import BadToken, TokenKeys, make_secret
-from storage_service.server import authz
-from storage_service.server.authz import ANONYMOUS, NODE_ONLY, POLICY, Gate, Principal, SecurityConfig
-from storage_service.server.errors import ServiceError
+from storage_service.security import authz
+from storage_service.security.authz import ANONYMOUS, NODE_ONLY, POLICY, Gate, Principal, SecurityConfig
+from storage_service.protocol.errors import ServiceError
 from storage_service.statemachine.commands import ChangeAcls, SetPrincipal
 from storage_service.statemachine.meta import MetaState
 

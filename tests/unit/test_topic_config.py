@@ -6,7 +6,7 @@ import json
 import pytest
 
 from storage_service.proto import rmq_pb2
-from storage_service.server.errors import ServiceError
+from storage_service.protocol.errors import ServiceError
 from storage_service.server.validate import check_config
 from storage_service.statemachine.commands import AlterTopic, CreateTopic
 from storage_service.statemachine.meta import MetaState, normalized

@@ -137,7 +137,7 @@ def test_the_nodes_flags_take_the_same_grammar_and_plain_numbers(capsys):
     """``rmq-storage node``'s duration and size flags read the grammar of the client and the
     CLI (``storage_service/protocol/units.py``) and keep taking plain numbers (seconds,
     bytes); a bad value is refused naming the flag and the forms."""
-    from storage_service.server.cli import _parse
+    from storage_service.cli import _parse
 
     base = ["node", "--id", "0", "--nodes", "127.0.0.1:1", "--data-dir", "/nonexistent"]
     a = _parse(base + ["--segment-bytes", "64MiB", "--min-free-bytes", "1GB", "--retention-interval", "500ms",

@@ -4,15 +4,15 @@ replica compacts its own copy)."""
 from __future__ import annotations
 
 import logging
-import time
 
 from ..log.compaction import CompactionPolicy, cleanable_end, compact_queue
 from ..log.retention import SegmentInfo, retention_cutoff
+from ..protocol import records
 from ..statemachine.commands import Drop, Truncate
 from ..statemachine.data import parse_queue_dir
-from .kv import expire_keys
+from ..statemachine.kv import KV_CONFLICT
 
-__all__ = ["Upkeep"]
+__all__ = ["Upkeep", "expire_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class Upkeep:
             except Exception:
                 log.exception("compaction pass failed")
             try:
-                expire_keys(self)            # TTLs run out: committed deletes (server/kv.py)
+                expire_keys(self)            # TTLs run out: committed deletes (expire_keys, below)
             except Exception:
                 log.exception("key expiry pass failed")
 
@@ -119,3 +119,23 @@ class Upkeep:
         time_ms = (cfg.get("local_retention_ms") or cfg["retention_ms"]) if tiered else cfg["retention_ms"]
         return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
 
+
+def expire_keys(node, limit: int = 1000) -> int:
+    """On the data groups this node leads: commit a delete of every key whose TTL ran
+    out, conditioned on the revision that expired (a newer put stays). Returns how
+    many were deleted."""
+    now, deleted = node.now_ms(), 0
+    for g, st in list(node.states.items()):
+        raft, store = node.groups.get(g), st.kv_if_open
+        if store is None or raft is None or not raft.is_leader:
+            continue
+        for name, key, rev in store.index.expired(now, limit):
+            topic, inc, queue = parse_queue_dir(name)
+            cfg = node.meta.topic(topic)
+            if cfg is None or cfg["incarnation"] != inc:
+                continue
+            block = records.encode([None], [key])
+            g2, fut = node.submit_produce(cfg, queue, block, 1, "", 0, condition=("expired", rev))
+            if node.wait_produce(g2, fut)[0] != KV_CONFLICT:
+                deleted += 1
+    return deleted

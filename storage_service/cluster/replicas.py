@@ -27,7 +27,7 @@ from ..protocol.placement import META_GROUP, grpc_address, raft_address
 from ..raft.group import RaftGroup
 from ..statemachine.commands import RequestRebalance, SetNode, SetPlacement, SetReplicas
 from .racks import Racks
-from .errors import NotLeader, ServiceError, invalid, not_found
+from ..protocol.errors import NotLeader, ServiceError, invalid, not_found
 from .peers import ask_group
 
 __all__ = ["ReplicaSet"]

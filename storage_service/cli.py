@@ -9,9 +9,9 @@ import sys
 import threading
 import time
 
-from ..log.dirlock import DirectoryInUse
-from ..protocol.units import bytes_flag, seconds_flag
-from ..raft.journal import FSYNC_POLICIES
+from .log.dirlock import DirectoryInUse
+from .protocol.units import bytes_flag, seconds_flag
+from .raft.journal import FSYNC_POLICIES
 
 __all__ = ["main"]
 
@@ -118,8 +118,8 @@ def _parse(argv):
 
 
 def run_node(args) -> int:
-    from ..protocol.buffers import reuse_big_buffers
-    from ..app import serve
+    from .protocol.buffers import reuse_big_buffers
+    from .app import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reuse_big_buffers()
@@ -162,7 +162,7 @@ def run_node(args) -> int:
               file=sys.stderr)
         return 2
     if tls_given and not args.join:
-        from ..protocol.placement import cluster_address, produce_address, raft_address
+        from .protocol.placement import cluster_address, produce_address, raft_address
         mine = cluster_address(addresses[args.id])
         taken = {f(a) for a in addresses for f in (lambda x: x, raft_address, produce_address)}
         if mine in taken:
@@ -179,7 +179,7 @@ def run_node(args) -> int:
               "certificates", file=sys.stderr)
         return 2
     if args.token_secret_file:
-        from ..security.tokens import TokenKeys
+        from .security.tokens import TokenKeys
         try:
             TokenKeys.from_file(args.token_secret_file)
         except ValueError as e:
@@ -227,7 +227,7 @@ def _tls_problem(ca: str, cert: str, key: str) -> str | None:
     file found later would leave a started node that never serves)."""
     import ssl
 
-    from ..protocol.tls import TlsFiles, client_context, server_context
+    from .protocol.tls import TlsFiles, client_context, server_context
     try:
         files = TlsFiles(ca, cert, key)
         files.read()
@@ -239,9 +239,9 @@ def _tls_problem(ca: str, cert: str, key: str) -> str | None:
 
 
 def _make_node(args, addresses: tuple[str, ...]):
-    from ..raft.group import RaftTiming
-    from ..protocol.tls import TlsFiles
-    from .node import NodeConfig, StorageNode
+    from .raft.group import RaftTiming
+    from .protocol.tls import TlsFiles
+    from .server.node import NodeConfig, StorageNode
 
     return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
                                   data_dir=args.data_dir, fsync=args.fsync, rack=args.rack,
@@ -267,7 +267,7 @@ def _make_node(args, addresses: tuple[str, ...]):
 
 def rack_problem(rack: str) -> str | None:
     """What is wrong with a rack name, or None."""
-    from ..statemachine.meta import MAX_RACK_CHARS
+    from .statemachine.meta import MAX_RACK_CHARS
     if len(rack) > MAX_RACK_CHARS:
         return f"{len(rack)} characters: at most {MAX_RACK_CHARS}"
     if rack != rack.strip() or any(not (c.isalnum() or c in "-_.:/") for c in rack):
@@ -287,7 +287,7 @@ def _stop_on_signals() -> threading.Event:
 
 
 def run_local(args) -> int:
-    from ..local import LocalCluster
+    from .local import LocalCluster
 
     try:
         cluster = LocalCluster(nodes=args.nodes, groups=args.groups, data_dir=args.data_dir,

@@ -19,7 +19,7 @@ node certificate. ``POLICY`` says what each call needs.
 
 An ACL or principal changed through the metadata leader is applied on the
 other nodes a moment later: before denying, a node that is not the metadata
-leader catches up with the leader's commit index (``server/meta_sync.py``)
+leader catches up with the leader's commit index (``security/meta_sync.py``)
 and decides again, so a grant holds on every node as soon as it is answered.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Callable
 import grpc
 
 from ..security.tokens import BadToken, Claims, TokenKeys, expired_message
-from .errors import ServiceError
+from ..protocol.errors import ServiceError
 
 __all__ = ["Gate", "POLICY", "Principal", "SecurityConfig", "ANONYMOUS", "NODE_ONLY"]
 

@@ -80,7 +80,7 @@ def ask_group(stub: Callable, replicas: Sequence[str], method: str, request, tim
     its replicas are asked in turn, and a not-leader answer naming the leader is
     followed. Raises NotLeader (retriable) if none answers within ``timeout``."""
     from ..protocol.errors import LEADER_METADATA_KEY
-    from .errors import NotLeader
+    from ..protocol.errors import NotLeader
 
     deadline = time.monotonic() + timeout
     order, tried, last = list(replicas), [], None

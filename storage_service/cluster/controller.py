@@ -59,7 +59,7 @@ import grpc
 from ..proto import rmq_pb2
 from ..protocol.placement import META_GROUP, raft_address
 from ..statemachine.commands import RequestRebalance, SetNode, SetRack, SetReplicas
-from .errors import NotLeader, ServiceError
+from ..protocol.errors import NotLeader, ServiceError
 from .racks import Racks
 
 __all__ = ["Controller", "ClusterView", "group_bytes", "plan_growth", "plan_move", "plan_rebalance", "plan_swap"]

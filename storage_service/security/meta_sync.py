@@ -1,5 +1,5 @@
 """A secured node's view of the metadata group: its security settings, and how it
-makes sure ACL and principal changes hold on every node (``server/authz.py``).
+makes sure ACL and principal changes hold on every node (``security/authz.py``).
 
 A mixin of ``StorageNode`` (its ``groups``, ``stub``, ``leader_of``, ``replicas_of``).
 """

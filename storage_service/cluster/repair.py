@@ -41,7 +41,7 @@ import grpc
 from ..log.queue_log import QueueLog
 from ..log.segment import Segment, check_segment
 from ..protocol import framing
-from .errors import ServiceError
+from ..protocol.errors import ServiceError
 
 __all__ = ["Repair"]
 
