@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import zlib
 
 import grpc
 
@@ -31,7 +30,7 @@ from .guard import _guard
 from .kv import kv_put, kv_read
 from .validate import (LEASE_KINDS, MAX_LEASE_MS, WATERMARK_KINDS, check_config, check_data_group, check_group,
                        check_queue,
-                       check_replica_fetch, check_topic_name, messages_to_block, validate_produce)
+                       check_replica_fetch, check_topic_name, validate_produce, validate_spread)
 
 __all__ = ["MessageLogService", "MAX_WAIT_MS"]
 
@@ -142,11 +141,12 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
     # ---------------------------------------------------------------- produce
     @_guard
     def Produce(self, request, context):
+        if request.queue == -1 and not request.records:
+            self._rr += 1
+            return self._produce_spread(*validate_spread(self.node, request, self._rr))
         cfg, block, count = validate_produce(self.node, request)
-        if request.queue >= 0:
-            res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
-            return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
-        return self._produce_spread(cfg, request.messages)
+        res = self.node.produce(cfg, request.queue, block, count, request.producer_id, request.sequence)
+        return rmq_pb2.ProduceResponse(results=[self._result(request.queue, res)])
 
     @_guard
     def ProduceBatches(self, request, context):
@@ -197,27 +197,22 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
         return rmq_pb2.ProduceResult(queue=queue, base_offset=base, count=count,
                                      store_timestamp=ts, duplicate=dup)
 
-    def _produce_spread(self, cfg, msgs):
-        """queue=-1: keyed messages go to hash(key) % queues, the rest to one round-robin queue."""
-        self._rr += 1
-        rr = self._rr % cfg["queues"]
-        by_queue: dict[int, list] = {}
-        for m in msgs:
-            q = zlib.crc32(m.key) % cfg["queues"] if m.HasField("key") else rr
-            by_queue.setdefault(q, []).append(m)
+    def _produce_spread(self, cfg, parts):
+        """queue=-1, split by ``validate_spread``: each part produced here, or on its
+        group's leader (as records: it is encoded once)."""
         resp = rmq_pb2.ProduceResponse()
-        for q, part in sorted(by_queue.items()):
+        for q, block, count in parts:
             g = self.node.group_of(cfg["name"], q, cfg)
             raft = self.node.groups.get(g)
             if raft is not None and raft.is_leader:
-                res = self.node.produce(cfg, q, messages_to_block(part), len(part), "", 0)
+                res = self.node.produce(cfg, q, block, count, "", 0)
                 resp.results.append(self._result(q, res))
             else:
                 leader = self.node.leader_of(g)
                 if leader is None:
                     raise ServiceError(grpc.StatusCode.UNAVAILABLE, f"group {g} has no leader yet")
                 fwd = self.node.stub(leader).Produce(rmq_pb2.ProduceRequest(
-                    topic=cfg["name"], queue=q, messages=part), timeout=30)
+                    topic=cfg["name"], queue=q, records=block, count=count), timeout=30)
                 resp.results.extend(fwd.results)
         return resp
 

@@ -7,6 +7,7 @@ submitted to raft, so a bad request changes nothing.
 from __future__ import annotations
 
 import re
+import zlib
 
 import grpc
 
@@ -17,7 +18,7 @@ from ..protocol.errors import ServiceError, invalid
 
 __all__ = ["CLEANUP_POLICIES", "LEASE_KINDS", "MAX_LEASE_MS", "WATERMARK_KINDS", "check_block", "check_config",
            "check_group", "check_queue", "check_replica_fetch", "check_topic_name", "messages_to_block", "parse_block",
-           "validate_produce"]
+           "validate_produce", "validate_spread"]
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9_.-]{1,127}$")
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,255}$")
@@ -74,12 +75,13 @@ def _masked(spec: str) -> str:
     return re.sub(r"\b(s3a|s3n|s3|gs)://(?:[^/@:]*@|[^/@:]*:[^@]*@)", r"\1://***@", spec)
 
 
-def messages_to_block(msgs) -> bytes:
-    """Protobuf messages -> a columnar records block (``null_value`` -> a tombstone)."""
+def messages_to_block(msgs, index: list[int] | None = None) -> bytes:
+    """Protobuf messages -> a columnar records block (``null_value`` -> a tombstone);
+    ``index``: the request's number of each message (errors name it)."""
     for i, m in enumerate(msgs):
         if m.null_value and m.value:
-            raise invalid(f"message {i} has null_value set and {len(m.value)} value bytes: "
-                          "a tombstone has no value")
+            raise invalid(f"message {i if index is None else index[i]} has null_value set and "
+                          f"{len(m.value)} value bytes: a tombstone has no value")
     return records.encode([None if m.null_value else m.value for m in msgs],
                           [m.key if m.HasField("key") else None for m in msgs],
                           [m.tags for m in msgs], [m.properties for m in msgs],
@@ -92,7 +94,43 @@ def check_group(group: str) -> None:
 
 
 def validate_produce(node, request) -> tuple[dict, bytes, int]:
-    """Check a produce request; returns (topic config, records block, count)."""
+    """Check a produce request to one queue; returns (topic config, records block, count).
+    Legacy ``messages`` are encoded here, once (``messages_to_block``)."""
+    cfg, count = _produce_head(node, request)
+    if request.records:
+        block = request.records
+        cols = parse_block(block, count)
+    else:
+        block = messages_to_block(request.messages)
+        cols = records.parse(block, count, check=False)     # encoded just now: sound by construction
+    check_block(node, cfg, cols)
+    if request.queue >= 0:
+        check_queue(cfg, request.queue)
+    return cfg, block, count
+
+
+def validate_spread(node, request, round_robin: int) -> tuple[dict, list[tuple[int, bytes, int]]]:
+    """Check a produce request with ``queue=-1`` and split it: keyed messages go to
+    ``crc32(key) % queues``, the rest to queue ``round_robin % queues``. Returns the topic
+    config and ``(queue, records block, count)`` a queue, each part encoded once."""
+    cfg, count = _produce_head(node, request)
+    by_queue: dict[int, list[int]] = {}
+    for i, m in enumerate(request.messages):
+        q = zlib.crc32(m.key) % cfg["queues"] if m.HasField("key") else round_robin % cfg["queues"]
+        by_queue.setdefault(q, []).append(i)
+    parts, size = [], 0
+    for q, at in sorted(by_queue.items()):
+        block = messages_to_block([request.messages[i] for i in at], at)
+        cols = records.parse(block, len(at), check=False)
+        check_block(node, cfg, cols, at)
+        size += cols.size
+        parts.append((q, block, len(at)))
+    _check_batch_bytes(node, size)
+    return cfg, parts
+
+
+def _produce_head(node, request) -> tuple[dict, int]:
+    """What every produce request is checked for first: its topic, queue and count."""
     check_topic_name(request.topic)
     cfg = node.topic(request.topic, queue=request.queue)
     if request.queue < -1:
@@ -104,25 +142,17 @@ def validate_produce(node, request) -> tuple[dict, bytes, int]:
             raise invalid("records need an explicit queue (0..{}); send messages to let the "
                           "service choose".format(cfg["queues"] - 1))
         count = request.count
-        cols = parse_block(request.records, count)
+        if count <= 0:
+            raise invalid(f"count={count}: messages is empty: a produce request needs at least one message")
     else:
         count = len(request.messages)
-        cols = None
     if not count:
         raise invalid("messages is empty: a produce request needs at least one message")
     if count > node.config.max_batch_messages:
         raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"{count} messages in one request; the limit is "
                            f"{node.config.max_batch_messages}")
-    if cols is None:
-        block = messages_to_block(request.messages)
-        cols = records.parse(block, count)
-    else:
-        block = request.records
-    check_block(node, cfg, cols)
-    if request.queue >= 0:
-        check_queue(cfg, request.queue)
-    return cfg, block, count
+    return cfg, count
 
 def parse_block(block: bytes, count: int) -> records.Columns:
     if count <= 0:
@@ -135,21 +165,29 @@ def parse_block(block: bytes, count: int) -> records.Columns:
         raise invalid("records: a produced block must have offset deltas 0..count-1")
     return cols
 
-def check_block(node, cfg: dict, cols: records.Columns) -> None:
+
+def check_block(node, cfg: dict, cols: records.Columns, index: list[int] | None = None) -> None:
+    """A block's messages against the node's limits and the topic's policy; ``index``: the
+    request's number of each message, where the block is a part of the request."""
     limit = node.config.max_message_bytes
     sizes = cols.message_sizes()
     big = int(sizes.argmax())
     if sizes[big] > limit:
         raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"message {big} is {int(sizes[big])} bytes; the limit is {limit} bytes")
-    if cols.size > node.config.max_batch_bytes:
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"request carries {cols.size} bytes; the batch limit is "
-                           f"{node.config.max_batch_bytes} bytes")
+                           f"message {big if index is None else index[big]} is {int(sizes[big])} bytes; "
+                           f"the limit is {limit} bytes")
+    _check_batch_bytes(node, cols.size)
     if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
         i = int(keyless.argmax())
         raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
-                      f"a key (message {i} of the batch has none)")
+                      f"a key (message {i if index is None else index[i]} of the batch has none)")
+
+
+def _check_batch_bytes(node, size: int) -> None:
+    if size > node.config.max_batch_bytes:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"request carries {size} bytes; the batch limit is "
+                           f"{node.config.max_batch_bytes} bytes")
 
 
 def check_replica_fetch(request: rmq_pb2.ReplicaFetchRequest) -> None:
