@@ -55,12 +55,9 @@ import tempfile
 import threading
 import time
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(BENCH_DIR)
-if REPO_ROOT not in sys.path:  # benchmark the checkout, installed or not
-    sys.path.insert(1, REPO_ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
+from _spark import compile_sources, local_session, setup  # noqa: E402  (next to this file)
 
 log = logging.getLogger("bench.spark_read")
 QUEUES = 8
@@ -68,18 +65,6 @@ PRODUCE_BATCH = 5000
 TARGET_VS_PARQUET = 0.50
 TARGET_VS_CEILING = 0.70
 TARGET_SECURE = 0.80
-
-
-def compile_sources() -> None:
-    """Byte-compile the checkout, as an install would: with PYTHONDONTWRITEBYTECODE
-    set, every Spark Python worker would otherwise compile each changed module on
-    import, a per-query cost a user's install does not pay."""
-    import compileall
-
-    for name in ("rmq_spark", "storage_service", "pyspark_rocketmq.py"):
-        path = os.path.join(REPO_ROOT, name)
-        (compileall.compile_dir(path, quiet=1) if os.path.isdir(path)
-         else compileall.compile_file(path, quiet=1))
 
 
 def payloads(size: int) -> list[bytes]:
@@ -368,13 +353,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup()
     args = parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     compile_sources()
-    from pyspark.sql import SparkSession
-
     from rmq_spark.client import Client, TlsFiles
     from storage_service.local import LocalCluster
 
@@ -399,14 +380,7 @@ def main(argv=None) -> int:
             secure = (sc.endpoints, admin, {"tlsCaFile": sc.tls.ca, "token": token})
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
-            spark = (SparkSession.builder.master("local[2]").appName("bench-spark-read")
-                     .config("spark.ui.enabled", "false")
-                     .config("spark.ui.showConsoleProgress", "false")
-                     .config("spark.driver.memory", "4g")
-                     .config("spark.jars", ",".join(jars))
-                     .getOrCreate())
-            spark.sparkContext.setLogLevel("ERROR")
+            spark = local_session("bench-spark-read", jars)
             try:
                 results = [measure_size(spark, client, cluster.endpoints, size, n, args, root, secure,
                                         kafka)

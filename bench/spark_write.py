@@ -34,12 +34,9 @@ import sys
 import tempfile
 import time
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(BENCH_DIR)
-if REPO_ROOT not in sys.path:  # benchmark the checkout, installed or not
-    sys.path.insert(1, REPO_ROOT)
+import numpy as np
 
-import numpy as np  # noqa: E402
+from _spark import compile_sources, local_session, setup  # noqa: E402  (next to this file)
 
 import produce as produce_bench  # noqa: E402  (lives next to this file)
 
@@ -126,12 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    setup()
     args = parse_args(argv)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
+    compile_sources()
     from rmq_spark.client import Client
     from storage_service.local import LocalCluster
 
@@ -143,13 +137,7 @@ def main(argv=None) -> int:
         with LocalCluster(nodes=3, groups=4, data_dir=os.path.join(root, "rmq")) as cluster, \
                 Client(cluster.endpoints) as client:
             peer = measure_peer(client, args, [p.pid for p in cluster.procs if p])
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
-            spark = (SparkSession.builder.master("local[2]").appName("bench-spark-write")
-                     .config("spark.ui.enabled", "false")
-                     .config("spark.ui.showConsoleProgress", "false")
-                     .config("spark.driver.memory", "4g")
-                     .getOrCreate())
-            spark.sparkContext.setLogLevel("ERROR")
+            spark = local_session("bench-spark-write")
             results = []
             try:
                 for i, (name, size, rows, keyed) in enumerate(cases):

@@ -30,6 +30,20 @@ def _files_sink(folder: str):
     return write
 
 
+def _run_to_files(spark, cluster, topic: str, checkpoint: str, folder, **opts):
+    """An availableNow query of format("rocketmq-rt") from earliest, one file per row in a
+    new folder under ``folder``: (the query, that folder)."""
+    r = spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
+        .option("topic", topic).option("startingOffsets", "earliest")
+    for k, v in opts.items():
+        r = r.option(k, v)
+    out = folder / f"rows-{len([p for p in os.listdir(folder) if p.startswith('rows-')])}"
+    out.mkdir()
+    q = r.load().writeStream.foreach(_files_sink(str(out))).trigger(availableNow=True) \
+        .option("checkpointLocation", checkpoint).start()
+    return q, out
+
+
 def _committed_end(checkpoint: str) -> dict | None:
     """Where the last batch that completed ended (in real-time mode a batch's offsets and
     its commit are written as it ends)."""
@@ -314,15 +328,7 @@ def test_offsets_retention_removed_fail_the_query_naming_them_or_are_skipped(spa
     client.produce("rt-cut", [Message(b"first")], queue=0)
 
     def run(chk: str, **opts):
-        r = spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
-            .option("topic", "rt-cut").option("startingOffsets", "earliest")
-        for k, v in opts.items():
-            r = r.option(k, v)
-        out = tmp_path / f"rows-{len(os.listdir(tmp_path))}"
-        out.mkdir()
-        q = r.load().writeStream.foreach(_files_sink(str(out))).trigger(availableNow=True) \
-            .option("checkpointLocation", chk).start()
-        return q, out
+        return _run_to_files(spark, cluster, "rt-cut", chk, tmp_path, **opts)
     chk_fail, chk_skip = str(tmp_path / "chk-fail"), str(tmp_path / "chk-skip")
     for chk in (chk_fail, chk_skip):
         q, out = run(chk)
@@ -355,15 +361,7 @@ def test_a_topic_made_again_behind_the_querys_back_is_data_loss_as_with_the_pyth
         client.produce("rt-again", [Message(b"old-%d-%d" % (q, i)) for i in range(20)], queue=q)
 
     def run(**opts):
-        r = spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
-            .option("topic", "rt-again").option("startingOffsets", "earliest")
-        for k, v in opts.items():
-            r = r.option(k, v)
-        out = tmp_path / f"rows-{len(os.listdir(tmp_path))}"
-        out.mkdir()
-        q = r.load().writeStream.foreach(_files_sink(str(out))).trigger(availableNow=True) \
-            .option("checkpointLocation", str(tmp_path / "chk")).start()
-        return q, out
+        return _run_to_files(spark, cluster, "rt-again", str(tmp_path / "chk"), tmp_path, **opts)
     q, out = run()
     q.awaitTermination(120)
     assert q.exception() is None and len(os.listdir(out)) == 40
