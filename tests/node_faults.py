@@ -278,9 +278,9 @@ def _rot(run: _Run, victims: dict[int, list[str]]) -> None:
                 path = seg if kind == "segment" else seg[:-4] + ".idx"
                 if kind == "index" and os.path.getsize(path) < 32:
                     continue
-                # an index: the offset of its second entry (the last one is checked at start, the
-                # others by reads and the scrub)
-                at = flip(path, None if kind == "segment" else 16 + 2)
+                # an index: the offset of its first entry (the last one is checked at start, the
+                # others by reads and the scrub; a segment's first batch has none)
+                at = flip(path, None if kind == "segment" else 2)
                 rep.faults.append(f"node {i}: byte {at} of {os.path.relpath(path, node_dir)} flipped")
             elif kind == "journal":
                 found = live_journal_record(os.path.join(node_dir, f"group-{g}"))

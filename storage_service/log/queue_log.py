@@ -158,12 +158,14 @@ class QueueLog(SegmentSwaps, QueueReads):
         """
         self._close_writer()
         self._wfd = os.open(self.segments[-1].file("log"), os.O_WRONLY | os.O_APPEND)
-        if self._idx_since:     # past the segment's start: its index files may be there
-            try:
-                self._open_index(0)
-            except FileNotFoundError:
-                pass
-        self._note_files()
+        try:
+            if self._idx_since:     # past the segment's start: its index files may be there
+                try:
+                    self._open_index(0)
+                except FileNotFoundError:
+                    pass
+        finally:
+            self._note_files()
 
     def _open_index(self, create: int) -> None:
         """Open the active segment's index files for appends (``create``: ``os.O_CREAT``
@@ -290,6 +292,7 @@ class QueueLog(SegmentSwaps, QueueReads):
 
     def _write_batch(self, frame, h: framing.BatchHeader, seg: Segment, indexed: bool) -> None:
         """Write one batch (and its index entries); a short write is an error."""
+        self._index_sizes = None         # this batch's, if it writes index entries (_cut_back)
         n = os.writev(self._wfd, frame) if isinstance(frame, tuple) else os.write(self._wfd, frame)
         if n != h.size:                 # the file system ran out part way
             raise OSError(errno.ENOSPC, f"short write ({n} of {h.size} bytes)")
@@ -307,7 +310,7 @@ class QueueLog(SegmentSwaps, QueueReads):
         """Undo a failed append: the files end where they did before it."""
         try:
             os.ftruncate(self._wfd, seg.size)
-            if indexed and self._index_sizes is not None:
+            if indexed and self._index_sizes is not None and self._ifd is not None:
                 os.ftruncate(self._ifd, self._index_sizes[0])
                 os.ftruncate(self._tfd, self._index_sizes[1])
         except OSError as e:            # the files no longer match memory

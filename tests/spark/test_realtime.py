@@ -145,6 +145,23 @@ _EP = {"endpoints": "127.0.0.1:1"}
     dict(_EP, topic="t", tlsCaFile="/nonexistent/ca.pem"),
     dict(_EP, topic="t", tlsCertFile="/c.pem", tlsKeyFile="/k.pem"),
     dict(_EP, topic="t", tlsCaFile="/nonexistent/ca.pem", tlsCertFile="/c.pem"),
+    {"endpoints": ",", "topic": "t"},
+    {"endpoints": "h:70000", "topic": "t"},
+    {"endpoints": ":5", "topic": "t"},
+    dict(_EP, topic="a,b"),
+    dict(_EP, topic=""),
+    dict(_EP, topics="t", subscribe="u"),
+    {},
+    dict(_EP, topic="t", tokenFile="/dev/null"),
+    dict(_EP, topic="t", token=""),
+    dict(_EP, topic="t", tokenFile="relative/token"),
+    dict(_EP, topic="t", startingOffsets=" soon "),
+    dict(_EP, topic="t", startingOffsets='{"t": {"0": true}}'),
+    dict(_EP, topic="t", startingOffsets='{"t": {"0": null}}'),
+    dict(_EP, topics=" t , u ", startingOffsets='{"v": {"0": 1}}'),
+    {"topic": "t", "endpoints": "nohost", "failOnDataLoss": "maybe"},      # which mistake is named first
+    {"topic": "t", "endpoints": "nohost", "startingOffsets": "soon"},
+    dict(_EP, topic="t", startingOffsets='{"v": {"0": 1}}', token=""),
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items() if k != "endpoints" or v != "127.0.0.1:1"))
 def test_bad_options_are_refused_at_load_in_the_python_sources_words(spark, options):
     """Both sources refuse the same bad option with the same message (issue 41: "same

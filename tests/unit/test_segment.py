@@ -613,3 +613,36 @@ def test_reset_starts_the_new_active_segment_with_nothing_dropped(qpath):
     _append_big(q, 16)                                # ~1 MiB in the new segment
     q.sync_behind()
     assert _cached_bytes(q.segments[-1].file("log")) <= mmap_page()
+
+
+def test_index_files_come_with_the_first_entry_and_a_failed_one_is_a_shortage(qpath, monkeypatch):
+    """A segment's first batch (byte 0) has no index entry: a small queue has its
+    directory and .log only. The files are made with the first entry; when making them
+    fails for want of descriptors, the append is a Shortage (put off and retried) and
+    the queue is as before it."""
+    import errno
+
+    from storage_service.log.diskspace import Shortage
+
+    q = QueueLog(qpath, segment_bytes=4 << 10, index_interval=256, fsync=False)
+    _append(q)
+    assert sorted(os.listdir(qpath)) == ["00000000000000000000.log"]
+    _fill(q, 60)                                   # rolls: the old segments got index entries
+    assert len(_log_files(qpath)) > 1 and any(f.endswith(".idx") for f in os.listdir(qpath))
+    while any(f.startswith(f"{q.segments[-1].base:020d}.") and f.endswith(".idx") for f in os.listdir(qpath)):
+        _append(q)                                 # until a new segment without index files
+    real_open = os.open
+
+    def no_descriptor(path, flags, *a):
+        if path.endswith((".idx", ".tix")) and flags & os.O_CREAT:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *a)
+    monkeypatch.setattr(os, "open", no_descriptor)
+    before, size = q.next_offset, q.segments[-1].size
+    with pytest.raises(Shortage):
+        for _ in range(20):                        # until one crosses the index interval
+            _append(q)
+    assert q.segments[-1].size == os.path.getsize(q.segments[-1].file("log"))
+    monkeypatch.setattr(os, "open", real_open)
+    _append(q)
+    assert _read_all(q) == list(range(q.next_offset)) and q.next_offset > before and size

@@ -51,6 +51,7 @@ final class NodeApi {
   private final String token;
   private final String scheme;             // https on a cluster with TLS (its CA given)
   private final HttpClient http;
+  private final boolean clientCert;        // a client certificate is shown (tlsCertFile)
   /** topic + "/" + queue -> the gRPC address of the node that last served it. */
   private final Map<String, String> leaders = new ConcurrentHashMap<>();
 
@@ -73,6 +74,7 @@ final class NodeApi {
 
   private NodeApi(List<String> grpcEndpoints, String token, String[] tls) {
     String caFile = tls.length > 0 ? tls[0] : null;
+    this.clientCert = tls.length > 2 && tls[1] != null;
     this.nodes = new ArrayList<>();
     for (String e : grpcEndpoints) {
       this.nodes.add(httpAddress(e));
@@ -131,11 +133,24 @@ final class NodeApi {
       int to = pem.indexOf("-----END PRIVATE KEY-----");
       if (from < 0 || to < from) {
         throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile
-            + " holds no PKCS#8 PEM key (-----BEGIN PRIVATE KEY-----)");
+            + " holds no PKCS#8 PEM key (-----BEGIN PRIVATE KEY-----; convert another with "
+            + "openssl pkcs8 -topk8 -nocrypt)");
       }
       byte[] der = Base64.getMimeDecoder().decode(pem.substring(from + 27, to));
       String algorithm = chain.get(0).getPublicKey().getAlgorithm();      // EC or RSA: the certificate's
       key = KeyFactory.getInstance(algorithm).generatePrivate(new PKCS8EncodedKeySpec(der));
+      java.security.Signature sign = java.security.Signature.getInstance(
+          "EC".equals(algorithm) ? "SHA256withECDSA" : "SHA256with" + algorithm);
+      byte[] probe = "rmq-spark".getBytes(StandardCharsets.US_ASCII);
+      sign.initSign(key);
+      sign.update(probe);
+      byte[] signed = sign.sign();
+      sign.initVerify(chain.get(0).getPublicKey());
+      sign.update(probe);
+      if (!sign.verify(signed)) {
+        throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile + " is not the key of the certificate in "
+            + certFile);
+      }
     } catch (IOException | GeneralSecurityException e) {
       throw new IllegalArgumentException("option 'tlsKeyFile': " + keyFile + ": " + e.getMessage(), e);
     }
@@ -246,7 +261,8 @@ final class NodeApi {
         } catch (javax.net.ssl.SSLHandshakeException e) {
           // not a node gone away: its certificate (or the plaintext/TLS choice) is wrong
           throw new IOException("TLS: the certificate of node " + node + " was not accepted (" + e.getMessage()
-              + "): give tlsCaFile, the cluster's CA (on a cluster without TLS, leave it out)", e);
+              + "): give tlsCaFile, the cluster's CA (on a cluster without TLS, leave it out)"
+              + (clientCert ? "; the node may also have refused the client certificate (tlsCertFile)" : ""), e);
         } catch (IOException e) {
           if ("http".equals(scheme) && String.valueOf(e.getMessage()).contains("header parser received no bytes")) {
             closedOnHello++;     // what a TLS port does with plain HTTP

@@ -50,6 +50,8 @@ final class RtOptions implements Serializable {
     this.failOnDataLoss = failOnDataLoss;
   }
 
+  /** The options, checked in the Python source's order (``ReadOptions.from_options``) so
+   * that a set with several mistakes is refused for the same one, in the same words. */
   static RtOptions parse(Map<String, String> raw) {
     Map<String, String> opts = new TreeMap<>(String.CASE_INSENSITIVE_ORDER);
     opts.putAll(raw);
@@ -62,20 +64,10 @@ final class RtOptions implements Serializable {
             + "format(\"rocketmq\"))");
       }
     }
-    String eps = opts.get("endpoints");
-    if (eps == null || eps.trim().isEmpty()) {
-      throw new IllegalArgumentException("option 'endpoints': required: the storage nodes as host:port[,host:port...]");
-    }
-    List<String> endpoints = new ArrayList<>();
-    for (String e : eps.split(",")) {
-      if (!e.trim().isEmpty()) {
-        try {
-          NodeApi.httpAddress(e.trim());
-        } catch (IllegalArgumentException bad) {
-          throw new IllegalArgumentException("option 'endpoints': endpoint '" + e.trim() + "' is not host:port");
-        }
-        endpoints.add(e.trim());
-      }
+    // the subscription
+    if (opts.containsKey("subscribe") && opts.containsKey("topics")) {
+      throw new IllegalArgumentException("option 'subscribe': is Kafka's name for topics, with the same meaning; "
+          + "give topics or subscribe, not both");
     }
     List<String> names = new ArrayList<>();
     for (String n : new String[] {"topic", "topics", "subscribe"}) {
@@ -84,34 +76,27 @@ final class RtOptions implements Serializable {
       }
     }
     if (names.size() != 1) {
-      throw new IllegalArgumentException("option 'topic': give exactly one of topic, topics or subscribe (comma list) "
+      throw new IllegalArgumentException("option '" + (names.isEmpty() ? "topic" : names.get(0))
+          + "': give exactly one of topic, topics or subscribe (comma list) "
           + (names.isEmpty() ? "(none given)" : "(got " + String.join(", ", names) + ")"));
     }
     String name = names.get(0);
     String given = opts.get(name);
     List<String> topics = new ArrayList<>();
-    for (String t : given.split(",")) {
+    for (String t : given.split(",", -1)) {
       if (!t.trim().isEmpty()) {
         topics.add(t.trim());
       }
     }
-    if (topics.isEmpty()) {
-      throw new IllegalArgumentException("option '" + name + "': '" + given + "': give a comma-separated list of topic names");
+    if (topics.isEmpty() || (name.equals("topic") && topics.size() != 1)) {
+      throw new IllegalArgumentException("option '" + name + "': " + py(given) + ": give "
+          + (name.equals("topic") ? "one topic name" : "a comma-separated list of topic names"));
     }
-    String starting = opts.getOrDefault("startingOffsets", "latest").trim();
-    Map<String, Map<Integer, Long>> json = null;
-    String lower = starting.toLowerCase(Locale.ROOT);
-    if (lower.equals("earliest") || lower.equals("latest")) {
-      starting = lower;
-    } else {
-      json = parseOffsets(starting);
-      starting = null;
-      for (String t : json.keySet()) {
-        if (!topics.contains(t)) {
-          throw new IllegalArgumentException("option 'startingOffsets': topic '" + t + "' is not subscribed ("
-              + name + "=" + given + ")");
-        }
-      }
+    // the scalar options
+    String fail = opts.getOrDefault("failOnDataLoss", "true").trim().toLowerCase(Locale.ROOT);
+    if (!fail.equals("true") && !fail.equals("false")) {
+      throw new IllegalArgumentException("option 'failOnDataLoss': " + py(opts.get("failOnDataLoss"))
+          + " is not a boolean; use true or false");
     }
     int max = 1000;
     if (opts.containsKey("maxMessagesPerFetch")) {
@@ -121,30 +106,94 @@ final class RtOptions implements Serializable {
         max = 0;
       }
       if (max < 1 || max > 10_000) {
-        throw new IllegalArgumentException("option 'maxMessagesPerFetch': '" + opts.get("maxMessagesPerFetch")
-            + "' is not an integer from 1 to 10000");
+        throw new IllegalArgumentException("option 'maxMessagesPerFetch': " + py(opts.get("maxMessagesPerFetch"))
+            + " is not an integer from 1 to 10000");
       }
     }
-    String token = opts.get("token");
-    if (opts.containsKey("tokenFile")) {
-      if (token != null) {
-        throw new IllegalArgumentException("option 'tokenFile': give token or tokenFile, not both");
+    List<String> endpoints = endpoints(opts);
+    // where to start
+    String text = opts.getOrDefault("startingOffsets", "latest");
+    String starting = text.trim().toLowerCase(Locale.ROOT);
+    Map<String, Map<Integer, Long>> json = null;
+    if (!starting.equals("earliest") && !starting.equals("latest")) {
+      if (!text.trim().startsWith("{")) {
+        throw new IllegalArgumentException("option 'startingOffsets': " + py(text) + " is not earliest or latest "
+            + "or JSON {\"topic\": {\"queue\": offset}}");
       }
-      String path = opts.get("tokenFile");
+      json = parseOffsets(text);
+      starting = null;
+    }
+    String[] tls = tls(opts);
+    String token = token(opts);
+    for (String t : json == null ? List.<String>of() : json.keySet()) {
+      if (!topics.contains(t)) {
+        throw new IllegalArgumentException("option 'startingOffsets': topic " + py(t) + " is not subscribed ("
+            + name + "=" + String.join(",", topics) + ")");
+      }
+    }
+    return new RtOptions(endpoints, topics, starting, json, token, tls, max, fail.equals("true"));
+  }
+
+  /** As the client's ``parse_endpoints``: host:port[,host:port...], ports 1-65535. */
+  private static List<String> endpoints(Map<String, String> opts) {
+    if (!opts.containsKey("endpoints")) {
+      throw new IllegalArgumentException("option 'endpoints': required: the storage nodes as host:port[,host:port...]");
+    }
+    List<String> out = new ArrayList<>();
+    for (String e : opts.get("endpoints").split(",", -1)) {
+      if (!e.trim().isEmpty()) {
+        out.add(e.trim());
+      }
+    }
+    if (out.isEmpty()) {
+      throw new IllegalArgumentException("option 'endpoints': endpoints is empty: give host:port[,host:port...] "
+          + "(or set RMQ_ENDPOINTS)");
+    }
+    for (String e : out) {
+      int colon = e.lastIndexOf(':');
+      String port = colon < 0 ? "" : e.substring(colon + 1);
+      if (colon <= 0 || port.isEmpty() || !port.chars().allMatch(Character::isDigit)) {
+        throw new IllegalArgumentException("option 'endpoints': endpoint " + py(e) + " is not host:port");
+      }
+      if (port.length() > 5 || Integer.parseInt(port) < 1 || Integer.parseInt(port) > 65535) {
+        throw new IllegalArgumentException("option 'endpoints': endpoint " + py(e) + ": port " + port
+            + " is out of range (1-65535)");
+      }
+    }
+    return out;
+  }
+
+  /** The bearer token: ``token``, or read here, on the driver, from ``tokenFile`` (the
+   * executors get the token itself), as the Python source's ``_token``. */
+  private static String token(Map<String, String> opts) {
+    String token = opts.get("token");
+    String file = opts.get("tokenFile");
+    if (token != null && !token.isEmpty() && file != null && !file.isEmpty()) {
+      throw new IllegalArgumentException("option 'tokenFile': give token or tokenFile, not both");
+    }
+    if (file != null && !file.isEmpty()) {
+      String path = new java.io.File(file).getAbsolutePath();
       unreadable("tokenFile", path, "");
-      try {        // read here, on the driver: the executors get the token (as the Python source)
+      try {
         token = new String(java.nio.file.Files.readAllBytes(java.nio.file.Paths.get(path)),
             java.nio.charset.StandardCharsets.UTF_8).trim();
       } catch (IOException e) {
         throw new IllegalArgumentException("option 'tokenFile': " + path + ": " + e.getMessage());
       }
+      if (token.isEmpty()) {
+        throw new IllegalArgumentException("option 'tokenFile': " + path + " is empty");
+      }
+      return token;
     }
-    String fail = opts.getOrDefault("failOnDataLoss", "true").trim().toLowerCase(Locale.ROOT);
-    if (!fail.equals("true") && !fail.equals("false")) {
-      throw new IllegalArgumentException("option 'failOnDataLoss': '" + opts.get("failOnDataLoss")
-          + "' is not a boolean; use true or false");
+    if (token != null && token.trim().isEmpty()) {
+      throw new IllegalArgumentException("option 'token': must not be empty");
     }
-    return new RtOptions(endpoints, topics, starting, json, token, tls(opts), max, fail.equals("true"));
+    return token;
+  }
+
+  /** A string as Python's ``repr`` shows it in the Python source's messages. */
+  static String py(String s) {
+    return s.contains("'") && !s.contains("\"") ? "\"" + s + "\"" : "'" + s.replace("'", "\\'") + "'";
   }
 
   /** tlsCaFile, and tlsCertFile + tlsKeyFile where the nodes take a client certificate, as
@@ -189,13 +238,10 @@ final class RtOptions implements Serializable {
    * (rmq_spark/datasource/_offsets.py), refused in its words. */
   static Map<String, Map<Integer, Long>> parseOffsets(String text) {
     final String option = "option 'startingOffsets': ";
-    if (!text.startsWith("{")) {
-      throw new IllegalArgumentException(option + "'" + text + "' is not earliest or latest or JSON "
-          + "{\"topic\": {\"queue\": offset}}");
-    }
     JsonNode root;
     try {
-      root = new ObjectMapper().readTree(text);
+      root = new ObjectMapper().enable(com.fasterxml.jackson.databind.DeserializationFeature.FAIL_ON_TRAILING_TOKENS)
+          .readTree(text);
     } catch (IOException e) {
       throw new IllegalArgumentException(option + "not valid JSON (" + e.getMessage().split("\n")[0]
           + "); expected {\"topic\": {\"queue\": value}}");
@@ -206,22 +252,25 @@ final class RtOptions implements Serializable {
     Map<String, Map<Integer, Long>> out = new TreeMap<>();
     root.fields().forEachRemaining(t -> {
       if (!t.getValue().isObject() || t.getValue().size() == 0) {
-        throw new IllegalArgumentException(option + "topic '" + t.getKey()
-            + "': expected a non-empty object {\"queue\": value}");
+        throw new IllegalArgumentException(option + "topic " + py(t.getKey())
+            + ": expected a non-empty object {\"queue\": value}");
       }
       Map<Integer, Long> qs = new TreeMap<>();
       t.getValue().fields().forEachRemaining(q -> {
         if (!q.getKey().matches("\\d+")) {
-          throw new IllegalArgumentException(option + "topic '" + t.getKey() + "': queue '" + q.getKey()
-              + "' is not a non-negative integer");
+          throw new IllegalArgumentException(option + "topic " + py(t.getKey()) + ": queue " + py(q.getKey())
+              + " is not a non-negative integer");
         }
         JsonNode v = q.getValue();
         if (!v.isIntegralNumber() || v.asLong() < -2) {
-          throw new IllegalArgumentException(option + "topic '" + t.getKey() + "' queue " + q.getKey() + ": "
-              + (v.isTextual() ? "'" + v.asText() + "'" : v.toString())
-              + " is not an offset >= 0, -2 (earliest) or -1 (latest)");
+          String shown = v.isTextual() ? py(v.asText()) : v.isBoolean() ? (v.asBoolean() ? "True" : "False")
+              : v.isNull() ? "None" : v.toString();
+          throw new IllegalArgumentException(option + "topic " + py(t.getKey()) + " queue " + q.getKey() + ": "
+              + shown + " is not an offset >= 0, -2 (earliest) or -1 (latest)");
         }
-        qs.put(Integer.parseInt(q.getKey()), v.asLong());
+        if (q.getKey().length() < 10 || Long.parseLong(q.getKey()) <= Integer.MAX_VALUE) {
+          qs.put(Integer.parseInt(q.getKey()), v.asLong());     // a larger number names no queue
+        }
       });
       out.put(t.getKey(), qs);
     });

@@ -140,7 +140,8 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
       throw new IOException("topic " + p.topic + " has no queue " + p.queue + " any more", e);
     }
     String why = next < q.earliest
-        ? RtStream.lost(p.topic, p.queue, next, q.earliest, "were removed by retention before they were read "
+        ? RtStream.lost(p.topic, p.queue, next, Math.min(q.earliest, p.end), "were removed by retention before "
+            + "they were read "
             + "(the queue now starts at " + q.earliest + ")")
         : RtStream.lost(p.topic, p.queue, next, -1, "are gone: the queue went back to " + q.latest
             + " (was the topic deleted and created again?); reading it again from its earliest offset " + q.earliest);

@@ -118,31 +118,38 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
    * The query fails naming the offsets (failOnDataLoss) or reads the queue again from its
    * earliest offset (planInputPartitions), as the Python source does. */
   private boolean wentBack(String topic, int queue, long offset) {
+    long[] bounds;
     try {
-      api.fetch(api.leader(topic, queue), topic, queue, offset, 1, 0, System.currentTimeMillis() + 30_000);
+      api.fetch(api.leader(topic, queue), topic, queue, offset, 1, 0, System.currentTimeMillis() + 10_000);
       return false;
     } catch (NodeApi.NodeError e) {
       if (!"OUT_OF_RANGE".equals(e.code)) {
-        throw new UncheckedIOException(e);
+        LOG.warn("topic {} queue {}: its leader did not say whether offset {} is still there ({}); "
+            + "the batch waits for it", topic, queue, offset, e.getMessage());
+        return false;
       }
+      bounds = bounds(e.getMessage());
     } catch (IOException e) {
-      throw new UncheckedIOException(e);
+      LOG.warn("topic {} queue {}: no node answered whether offset {} is still there ({}); the batch waits "
+          + "for it", topic, queue, offset, e.getMessage());
+      return false;
     }
-    long earliest = 0;
-    long latest = 0;
-    for (NodeApi.Queue q : describe().getOrDefault(topic, List.of())) {
-      if (q.queue == queue) {
-        earliest = q.earliest;
-        latest = q.latest;
-      }
+    if (bounds == null || bounds[1] >= offset) {
+      return false;          // not past the leader's end: retention's cut, found by the read
     }
-    String why = lost(topic, queue, offset, -1, "are gone: the queue went back to " + latest
-        + " (was the topic deleted and created again?); reading it again from its earliest offset " + earliest);
+    String why = lost(topic, queue, offset, -1, "are gone: the queue went back to " + bounds[1]
+        + " (was the topic deleted and created again?); reading it again from its earliest offset " + bounds[0]);
     if (opts.failOnDataLoss) {
       throw new IllegalStateException(why);
     }
     LOG.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
     return true;
+  }
+
+  /** (earliest, latest) from a leader's OUT_OF_RANGE message ("... earliest=E latest=L"). */
+  static long[] bounds(String message) {
+    java.util.regex.Matcher m = java.util.regex.Pattern.compile("earliest=(\\d+) latest=(\\d+)").matcher(message);
+    return m.find() ? new long[] {Long.parseLong(m.group(1)), Long.parseLong(m.group(2))} : null;
   }
 
   /** The Python source's data-loss error (rmq_spark/datasource/errors.py), word for word:
@@ -163,8 +170,16 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
     // as the real-time plan numbered them (the sink's producer ids are per partition).
     ((RtOffset) end).positions.forEach((t, qs) -> qs.forEach((q, to) -> {
       long from = s.getOrDefault(t, Map.of()).getOrDefault(q, to);
-      // past the end: the queue went back (latestOffset checked it): all of it again
-      parts.add(new RtPartition(opts, t, q, from > to ? Math.min(earliest(t, q), to) : from, to));
+      if (from > to) {     // the queue went back (latestOffset found it; a replayed batch, not always)
+        long earliest = Math.min(earliest(t, q), to);
+        String why = lost(t, q, from, -1, "are gone: the queue went back to " + to
+            + " (was the topic deleted and created again?); reading it again from its earliest offset " + earliest);
+        if (opts.failOnDataLoss) {
+          throw new IllegalStateException(why);
+        }
+        from = earliest;
+      }
+      parts.add(new RtPartition(opts, t, q, from, to));
     }));
     return parts.toArray(new InputPartition[0]);
   }
