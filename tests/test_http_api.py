@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from rmq_spark.client import Client, Message
+from storage_service.protocol import framing
 from storage_service.protocol.placement import http_address
 from tests.conftest import wait_until
 from tests.scrape import scrape, total
@@ -119,6 +120,17 @@ def test_http_produce_and_fetch_round_trip_with_binary_values(cluster, client, t
                      timeout=TIMEOUT)
     assert [m["offset"] for m in r.json()["messages"]] == [1]
     assert r.json()["next_offset"] >= 2
+    # encoding=batches: the stored batches as they are, where to go on in headers
+    r = requests.get(url(cluster, 1, f"/v1/topics/{topic}/queues/2/messages?offset=1&encoding=batches"),
+                     timeout=TIMEOUT)
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/x-rmq-batches", r.text
+    assert (r.headers["X-Rmq-Next-Offset"], r.headers["X-Rmq-Latest"]) == ("4", "4")
+    heads = list(framing.iter_batches(r.content))           # CRCs checked
+    assert [h.base_offset for h in heads] == [0] and heads[0].count == 4   # from its batch's start
+    r = requests.get(url(cluster, 0, f"/v1/topics/{topic}/queues/2/messages?offset=0&encoding=json"),
+                     timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "encoding"
+    assert "auto (text when UTF-8), base64, or batches" in r.json()["error"]["message"]
     # a plain array goes to a queue the service picks (by key hash)
     r = requests.post(url(cluster, 2, f"/v1/topics/{topic}/messages"), json=[{"value": "a", "key": "x"}],
                       timeout=TIMEOUT)

@@ -1,6 +1,5 @@
 package io.rmqspark.spark;
 
-import com.fasterxml.jackson.databind.JsonNode;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayBasedMapData;
@@ -15,9 +14,6 @@ import org.slf4j.LoggerFactory;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
-import java.util.ArrayList;
-import java.util.Base64;
-import java.util.List;
 import java.util.zip.CRC32;
 
 /**
@@ -35,7 +31,7 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
   private final NodeApi api;
   private final UTF8String topic;
   private final long topicCrc;
-  private final ArrayDeque<JsonNode> buffered = new ArrayDeque<>();
+  private final ArrayDeque<Buffered> buffered = new ArrayDeque<>();
   private long next;
   private InternalRow current;
 
@@ -80,28 +76,40 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
 
   private long lastStoreTs;
 
+  /** A fetched record not handed out yet: its row, offset and store time. */
+  private static final class Buffered {
+    final InternalRow row;
+    final long offset;
+    final long storeTs;
+
+    Buffered(InternalRow row, long offset, long storeTs) {
+      this.row = row;
+      this.offset = offset;
+      this.storeTs = storeTs;
+    }
+  }
+
   /** The next buffered message within the partition's range as ``current``. */
   private boolean take() {
-    JsonNode m = buffered.poll();
+    Buffered m = buffered.poll();
     if (m == null) {
       return false;
     }
-    long offset = m.path("offset").asLong();
-    if (offset >= p.end) {
+    if (m.offset >= p.end) {
       buffered.clear();
       next = p.end;            // nothing left below the end (compaction removed the rest)
       return false;
     }
-    lastStoreTs = m.path("timestamp").asLong();
-    current = row(m, offset);
-    next = offset + 1;
+    lastStoreTs = m.storeTs;
+    current = m.row;
+    next = m.offset + 1;
     return true;
   }
 
   private void fill(long waitMs) throws IOException {
     int max = p.end == Long.MAX_VALUE ? p.opts.maxMessagesPerFetch
         : (int) Math.min(p.opts.maxMessagesPerFetch, p.end - next);
-    JsonNode got;
+    NodeApi.Fetched got;
     try {
       got = api.fetch(api.leader(p.topic, p.queue), p.topic, p.queue, next, Math.max(1, max), waitMs,
           System.currentTimeMillis() + waitMs + CALL_MS);
@@ -112,17 +120,13 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
       dataLoss(e);
       return;
     }
-    api.served(p.topic, p.queue, got.path("served_by").asText(""));
-    int n = 0;
-    for (JsonNode m : got.path("messages")) {
-      if (m.path("offset").asLong() >= next) {
-        buffered.add(m);
-        n++;
-      }
-    }
-    if (n == 0) {
-      // nothing at next: a gap (compaction, a tag filter) the node stepped over, or the end
-      next = Math.min(Math.max(next, got.path("next_offset").asLong(next)), p.end);
+    api.served(p.topic, p.queue, got.servedBy);
+    int before = buffered.size();
+    Batches.decode(got.batches, next, (offset, storeTs, bornTs, key, value, tags, pk, pv) ->
+        buffered.add(new Buffered(row(offset, storeTs, bornTs, key, value, tags, pk, pv), offset, storeTs)));
+    if (buffered.size() == before) {
+      // nothing at next: a gap (compaction) the node stepped over, or the end
+      next = Math.min(Math.max(next, got.next), p.end);
     }
   }
 
@@ -152,36 +156,26 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
     next = Math.min(q.earliest, p.end);
   }
 
-  private InternalRow row(JsonNode m, long offset) {
-    JsonNode props = m.path("properties");
-    List<UTF8String> keys = new ArrayList<>();
-    List<UTF8String> values = new ArrayList<>();
-    props.fields().forEachRemaining(e -> {
-      keys.add(UTF8String.fromString(e.getKey()));
-      values.add(UTF8String.fromString(e.getValue().asText()));
-    });
+  private InternalRow row(long offset, long storeTs, long bornTs, byte[] key, byte[] value, String tags,
+                          String[] propKeys, String[] propValues) {
+    Object[] keys = new Object[propKeys.length];
+    Object[] values = new Object[propValues.length];
+    for (int i = 0; i < keys.length; i++) {
+      keys[i] = UTF8String.fromString(propKeys[i]);
+      values[i] = UTF8String.fromString(propValues[i]);
+    }
     return new GenericInternalRow(new Object[] {
-        bytes(m.get("key")),
-        bytes(m.get("value")),
+        key,
+        value,
         topic,
         p.queue,
         offset,
-        m.path("timestamp").asLong() * 1000L,
-        m.path("born_timestamp").asLong() * 1000L,
-        UTF8String.fromString(m.path("tags").asText("")),
-        new ArrayBasedMapData(new GenericArrayData(keys.toArray()), new GenericArrayData(values.toArray())),
+        storeTs * 1000L,
+        bornTs * 1000L,
+        UTF8String.fromString(tags),
+        new ArrayBasedMapData(new GenericArrayData(keys), new GenericArrayData(values)),
         UTF8String.fromString(String.format("%08X%04X%016X", topicCrc, p.queue, offset)),
     });
-  }
-
-  private static byte[] bytes(JsonNode v) {
-    if (v == null || v.isNull()) {
-      return null;
-    }
-    if (v.isObject()) {
-      return Base64.getDecoder().decode(v.path("base64").asText(""));
-    }
-    return v.asText().getBytes(StandardCharsets.UTF_8);
   }
 
   @Override
