@@ -363,7 +363,7 @@ def measure_kafka(args: argparse.Namespace, values: list[bytes], root: str) -> l
                     p50 = p99 = None
                     if name == KAFKA_SHIPPED or flush:
                         p50, p99 = percentiles_ms(kafka_latency(k.bootstrap, TOPIC, values, args.seconds))
-                    rows.append(Row(name, rate, p50, p99, f"confluent-kafka, 8 partitions RF 3, min ISR 2"
+                    rows.append(Row(name, rate, p50, p99, "confluent-kafka, 8 partitions RF 3, min ISR 2"
                                     + (f"; {errors} errors" if errors else "")
                                     + ("; p50/p99: one message at a time" if p50 is not None else ""),
                                     meter.per_msg_us(int(rate * (args.seconds + args.warmup)))))

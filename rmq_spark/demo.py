@@ -174,7 +174,7 @@ def _tiering(spark, client: Client, endpoints: str, tmp: str) -> int:
     for q in range(QUEUES):
         produced += client.produce(topic, [Message(b'{"event": "new"}', tags="new")] * 100,
                                    queue=q)[0].count
-    print(f"  hot retention removed what was archived; 400 new messages are hot only\n")
+    print("  hot retention removed what was archived; 400 new messages are hot only\n")
     rmq(["--endpoints", endpoints, "topic", "describe", topic])
     df = spark.read.format("rocketmq").option("endpoints", endpoints).option("topic", topic).load()
     print('\nspark.read.format("rocketmq") over archive + hot log:')

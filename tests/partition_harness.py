@@ -65,7 +65,7 @@ from storage_service.raft.journal import FSYNC_POLICIES
 
 from .kv_workload import KvCounter
 from .netns import Netns
-from .workload import AckingProducer, Acks, Producer, Verdict, harness_parser, leader_index, run_for, verify
+from .workload import AckingProducer, Acks, Verdict, harness_parser, leader_index, run_for, verify
 
 __all__ = ["SCENARIOS", "NetnsCluster", "PartitionReport", "run_partition"]
 

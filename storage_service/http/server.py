@@ -19,6 +19,7 @@ Bearer TOKEN``, or a client certificate, as on gRPC.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -99,8 +100,7 @@ class HttpServer:
                 p = gate.principal(*creds)
                 gate.check_call(what, None, p)
                 if gate.config.authorize:
-                    def may(rtype: str, name: str) -> bool:
-                        return gate.allowed(p, "describe", rtype, name)
+                    may = functools.partial(gate.allowed, p, "describe")   # (rtype, name) -> bool
             return fn(may, *args)
         try:
             return await self.rpc.run_in_pool(run)
