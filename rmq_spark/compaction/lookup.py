@@ -39,16 +39,18 @@ class KeyLookup:
         self.table = CompactedTable(table) if table is not None else None   # None: hot log only
 
     def _tails(self):
+        """Each queue's hot tail past the compaction watermark, to its end as its leader
+        knows it: the fetch's own ``latest``, not ``describe_topic``'s, which the
+        metadata leader answers from its own replica of the queue and which can trail a
+        write just acknowledged (a lookup right after a produce missed it, seen once)."""
         for q in self.client.describe_topic(self.topic)["queue_info"]:
-            start = max(q["earliest"], q.get("compacted", -1))
-            off = start
-            while off < q["latest"]:
-                rb, nxt, _, _ = self.client.fetch_arrow(self.topic, q["queue"], off,
-                                                        end=q["latest"],
-                                                        max_bytes=TAIL_FETCH_BYTES)
+            off = max(q["earliest"], q.get("compacted", -1))
+            while True:
+                rb, nxt, _, latest = self.client.fetch_arrow(self.topic, q["queue"], off,
+                                                             max_bytes=TAIL_FETCH_BYTES)
                 if rb.num_rows:
                     yield rb
-                if nxt <= off:
+                if nxt <= off or nxt >= latest:
                     break
                 off = nxt
 
