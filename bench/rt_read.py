@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Streaming read throughput of the two sources: ``format("rocketmq-rt")`` (the JVM
-source real-time mode needs; HTTP JSON fetches) against ``format("rocketmq")`` (the
+source real-time mode needs; HTTP long polls answered with the stored batches) against ``format("rocketmq")`` (the
 Python source; Arrow over the produce port or local reads), issue 41.
 
 One 3-node LocalCluster, a topic of 8 queues holding ``--rows`` messages of ``--size``

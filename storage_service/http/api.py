@@ -10,7 +10,7 @@ route, so metrics, ACLs and errors read the same).
     GET    /v1/topics/{topic}                  DescribeTopic
     DELETE /v1/topics/{topic}                  DeleteTopic
     POST   /v1/topics/{topic}/messages         Produce       [{"key", "value", "tags", "properties"}]
-    GET    /v1/topics/{topic}/queues/{queue}/messages?offset=N&max=M   Fetch
+    GET    /v1/topics/{topic}/queues/{queue}/messages?offset=N&max=M   Fetch (JSON, or encoding=batches)
     GET    /v1/consumer-groups/{group}/topics/{topic}/offsets          GetCommittedOffsets (+ lag)
     POST   /v1/consumer-groups/{group}/topics/{topic}/offsets          CommitOffsets {"offsets": {"0": N}}
     GET    /v1/kv/{topic}/{key}?revision=N     KvRead        the key's value and revision (404: none)
@@ -208,6 +208,8 @@ def _fetch_batches(wire: bytes) -> web.Response:
     node (the JVM source's reads; ``bench/rt_read.py``). The first batch may hold records
     below the offset asked for, and a batch may end past ``max``: readers skip and stop."""
     reply = decode_fetch_response(wire)
+    if reply.local is not None:         # never asked for (no local_host): it would skip records
+        raise CallFailed(grpc.StatusCode.INTERNAL, "a fetch answered with a local span over HTTP")
     return web.Response(body=bytes(reply.batches), content_type=BATCHES_TYPE, headers={
         "X-Rmq-Next-Offset": str(reply.next_offset), "X-Rmq-Earliest": str(reply.earliest),
         "X-Rmq-Latest": str(reply.latest), "X-Rmq-Served-By": reply.served_by})

@@ -28,8 +28,16 @@ final class Batches {
   private Batches() {
   }
 
-  /** Every record of ``data`` at or after ``from``, in order. */
-  static void decode(byte[] data, long from, Sink sink) throws IOException {
+  /** Every record of ``data`` at or after ``from`` and before ``until``, in order. */
+  static void decode(byte[] data, long from, long until, Sink sink) throws IOException {
+    try {
+      batches(data, from, until, sink);
+    } catch (IndexOutOfBoundsException | NegativeArraySizeException e) {
+      throw new IOException("fetched batches: a records block does not parse (" + e + ")", e);
+    }
+  }
+
+  private static void batches(byte[] data, long from, long until, Sink sink) throws IOException {
     ByteBuffer buf = ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN);
     int pos = 0;
     while (pos < data.length) {
@@ -51,13 +59,19 @@ final class Batches {
       long base = buf.getLong(start);
       long storeTs = buf.getLong(start + 8);
       int count = buf.getInt(start + 16);
-      records(buf, start + BODY_HEAD, end, count, base, storeTs, from, sink);
+      if (count <= 0) {
+        throw new IOException("fetched batches: a batch of " + count + " records at byte " + pos);
+      }
+      if (!records(buf, start + BODY_HEAD, end, count, base, storeTs, from, until, sink)) {
+        return;
+      }
       pos = end;
     }
   }
 
-  private static void records(ByteBuffer buf, int at, int end, int n, long base, long storeTs, long from,
-                              Sink sink) throws IOException {
+  /** False once a record at or past ``until`` was met: nothing after it is wanted. */
+  private static boolean records(ByteBuffer buf, int at, int end, int n, long base, long storeTs, long from,
+                                 long until, Sink sink) throws IOException {
     int delta = at;
     int born = delta + 4 * n;
     int flags = born + 8 * n;
@@ -74,12 +88,15 @@ final class Batches {
     int pvOff = pkData + buf.getInt(pkOff + 4 * m);
     int pvData = pvOff + 4 * (m + 1);
     if (pvData + buf.getInt(pvOff + 4 * m) != end) {
-        throw new IOException("fetched batches: a records block does not end where its batch does");
+      throw new IOException("fetched batches: a records block does not end where its batch does");
     }
     for (int i = 0; i < n; i++) {
       long offset = base + Integer.toUnsignedLong(buf.getInt(delta + 4 * i));
       if (offset < from) {
         continue;
+      }
+      if (offset >= until) {
+        return false;
       }
       int f = buf.get(flags + i);
       byte[] key = (f & FLAG_KEY) != 0 ? slice(buf, keyData, keyOff, i) : null;
@@ -95,6 +112,7 @@ final class Batches {
       }
       sink.record(offset, storeTs, buf.getLong(born + 8 * i), key, value, tags, pk, pv);
     }
+    return true;
   }
 
   private static byte[] slice(ByteBuffer buf, int data, int off, int i) {

@@ -212,7 +212,12 @@ final class NodeApi {
     final long latest;
     final String servedBy;
 
-    Fetched(HttpResponse<byte[]> resp) {
+    Fetched(HttpResponse<byte[]> resp) throws IOException {
+      String type = resp.headers().firstValue("Content-Type").orElse("");
+      if (!type.startsWith("application/x-rmq-batches")) {
+        throw new IOException("storage node " + resp.uri().getAuthority() + " answered a fetch with " + type
+            + ", not application/x-rmq-batches: it is older than this connector (upgrade the nodes first)");
+      }
       this.batches = resp.body();
       this.next = header(resp, "X-Rmq-Next-Offset");
       this.earliest = header(resp, "X-Rmq-Earliest");
@@ -220,8 +225,14 @@ final class NodeApi {
       this.servedBy = resp.headers().firstValue("X-Rmq-Served-By").orElse("");
     }
 
-    private static long header(HttpResponse<byte[]> resp, String name) {
-      return Long.parseLong(resp.headers().firstValue(name).orElse("0"));
+    private static long header(HttpResponse<byte[]> resp, String name) throws IOException {
+      String v = resp.headers().firstValue(name).orElse(null);
+      try {
+        return Long.parseLong(v);
+      } catch (NumberFormatException e) {
+        throw new IOException("storage node " + resp.uri().getAuthority() + " answered a fetch without a "
+            + "number in " + name + " (" + v + ")");
+      }
     }
   }
 

@@ -114,6 +114,10 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
       got = api.fetch(api.leader(p.topic, p.queue), p.topic, p.queue, next, Math.max(1, max), waitMs,
           System.currentTimeMillis() + waitMs + CALL_MS);
     } catch (NodeApi.NodeError e) {
+      if ("INVALID_ARGUMENT".equals(e.code) && e.getMessage().contains("encoding")) {
+        throw new IOException("a storage node is older than this connector (it does not answer "
+            + "encoding=batches): upgrade the nodes before the Spark jobs' rmq-spark (" + e.getMessage() + ")", e);
+      }
       if (!"OUT_OF_RANGE".equals(e.code)) {
         throw e;
       }
@@ -121,10 +125,9 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
       return;
     }
     api.served(p.topic, p.queue, got.servedBy);
-    int before = buffered.size();
-    Batches.decode(got.batches, next, (offset, storeTs, bornTs, key, value, tags, pk, pv) ->
+    Batches.decode(got.batches, next, p.end, (offset, storeTs, bornTs, key, value, tags, pk, pv) ->
         buffered.add(new Buffered(row(offset, storeTs, bornTs, key, value, tags, pk, pv), offset, storeTs)));
-    if (buffered.size() == before) {
+    if (buffered.isEmpty()) {
       // nothing at next: a gap (compaction) the node stepped over, or the end
       next = Math.min(Math.max(next, got.next), p.end);
     }
