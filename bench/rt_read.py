@@ -26,18 +26,14 @@ import tempfile
 import time
 
 from _spark import setup  # noqa: E402  (next to this file; puts the checkout on sys.path)
+from grpc_call import _cpu as cpu_seconds  # noqa: E402
 from spark_read import QUEUES, produce  # noqa: E402
 
 log = logging.getLogger("bench.rt_read")
 
 
 def node_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    return sum(cpu_seconds(pid) for pid in pids)
 
 
 def main(argv=None) -> int:

@@ -103,7 +103,9 @@ def open_sealed(path: str, base: int) -> Segment:
     seg = Segment(base, path, base, os.path.getsize(os.path.join(path, segment_name(base, "log"))))
     idx = read_pairs(seg.file("idx"), IDX_ENTRY)
     start = idx[-1][1] if idx else 0
+    head_size = framing.BATCH_HEADER.size + framing.BODY_HEADER.size
     with open(seg.file("log"), "rb") as f:
+        head = f.read(head_size) if start else b""   # the first batch's store time: it has no index entry
         f.seek(start)
         tail = f.read()
     valid, headers = framing.scan_valid_prefix(tail)
@@ -115,15 +117,11 @@ def open_sealed(path: str, base: int) -> Segment:
         seg.next_offset = headers[-1].next_offset
         seg.last_ts = headers[-1].store_ts
         seg.last_position = headers[-1].apply_position
-    # A segment's first batch has no index entry (queue_log._open_index).
     seg.first_ts = seg.last_ts
     if headers and start == 0:
         seg.first_ts = headers[0].store_ts
-    elif seg.size:
-        with open(seg.file("log"), "rb") as f:
-            head = f.read(framing.BATCH_HEADER.size + framing.BODY_HEADER.size)
-        if len(head) == framing.BATCH_HEADER.size + framing.BODY_HEADER.size:
-            seg.first_ts = framing.BODY_HEADER.unpack_from(head, framing.BATCH_HEADER.size)[1]
+    elif len(head) == head_size:
+        seg.first_ts = framing.BODY_HEADER.unpack_from(head, framing.BATCH_HEADER.size)[1]
     return seg
 
 

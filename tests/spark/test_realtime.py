@@ -34,9 +34,7 @@ def _run_to_files(spark, cluster, topic: str, checkpoint: str, folder, **opts):
     """An availableNow query of format("rocketmq-rt") from earliest, one file per row in a
     new folder under ``folder``: (the query, that folder)."""
     r = spark.readStream.format("rocketmq-rt").option("endpoints", cluster.endpoints) \
-        .option("topic", topic).option("startingOffsets", "earliest")
-    for k, v in opts.items():
-        r = r.option(k, v)
+        .option("topic", topic).option("startingOffsets", "earliest").options(**opts)
     out = folder / f"rows-{len([p for p in os.listdir(folder) if p.startswith('rows-')])}"
     out.mkdir()
     q = r.load().writeStream.foreach(_files_sink(str(out))).trigger(availableNow=True) \
@@ -168,11 +166,8 @@ def test_bad_options_are_refused_at_load_in_the_python_sources_words(spark, opti
     errors"); the classes differ (a JVM IllegalArgumentException, a Python OptionError)."""
     said = {}
     for fmt in ("rocketmq", "rocketmq-rt"):
-        reader = spark.readStream.format(fmt)
-        for k, v in options.items():
-            reader = reader.option(k, v)
         with pytest.raises(Exception) as e:
-            reader.load()
+            spark.readStream.format(fmt).options(**options).load()
         found = re.search(r"option '\w+': .*", str(e.value))
         assert found, f"{fmt}: {e.value}"
         said[fmt] = found.group(0).splitlines()[0].strip()
@@ -190,11 +185,8 @@ def test_bad_options_are_refused_at_load_in_the_python_sources_words(spark, opti
      "option 'maxMessagesPerFetch': '0' is not an integer from 1 to 10000"),
 ])
 def test_options_of_one_source_only_are_refused_naming_the_option(spark, options, says):
-    reader = spark.readStream.format("rocketmq-rt")
-    for k, v in options.items():
-        reader = reader.option(k, v)
     with pytest.raises(Exception, match=re.escape(says)):
-        reader.load()
+        spark.readStream.format("rocketmq-rt").options(**options).load()
 
 
 def _copy(cluster, src: str, dst: str, checkpoint: str):

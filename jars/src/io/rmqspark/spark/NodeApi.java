@@ -208,8 +208,6 @@ final class NodeApi {
   static final class Fetched {
     final byte[] batches;
     final long next;
-    final long earliest;
-    final long latest;
     final String servedBy;
 
     Fetched(HttpResponse<byte[]> resp) throws IOException {
@@ -220,8 +218,6 @@ final class NodeApi {
       }
       this.batches = resp.body();
       this.next = header(resp, "X-Rmq-Next-Offset");
-      this.earliest = header(resp, "X-Rmq-Earliest");
-      this.latest = header(resp, "X-Rmq-Latest");
       this.servedBy = resp.headers().firstValue("X-Rmq-Served-By").orElse("");
     }
 

@@ -148,14 +148,12 @@ final class RtReader implements SupportsRealTimeRead<InternalRow> {
     }
     String why = next < q.earliest
         ? RtStream.lost(p.topic, p.queue, next, Math.min(q.earliest, p.end), "were removed by retention before "
-            + "they were read "
-            + "(the queue now starts at " + q.earliest + ")")
-        : RtStream.lost(p.topic, p.queue, next, -1, "are gone: the queue went back to " + q.latest
-            + " (was the topic deleted and created again?); reading it again from its earliest offset " + q.earliest);
+            + "they were read (the queue now starts at " + q.earliest + ")")
+        : RtStream.wentBackError(p.topic, p.queue, next, q.latest, q.earliest);
     if (p.opts.failOnDataLoss) {
       throw new IOException(why, e);
     }
-    LOG.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
+    RtStream.skipping(LOG, why);
     next = Math.min(q.earliest, p.end);
   }
 

@@ -137,12 +137,11 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
     if (bounds == null || bounds[1] >= offset) {
       return false;          // not past the leader's end: retention's cut, found by the read
     }
-    String why = lost(topic, queue, offset, -1, "are gone: the queue went back to " + bounds[1]
-        + " (was the topic deleted and created again?); reading it again from its earliest offset " + bounds[0]);
+    String why = wentBackError(topic, queue, offset, bounds[1], bounds[0]);
     if (opts.failOnDataLoss) {
       throw new IllegalStateException(why);
     }
-    LOG.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
+    skipping(LOG, why);
     return true;
   }
 
@@ -161,6 +160,17 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
         + "missing offsets with a warning instead";
   }
 
+  /** ``lost`` for a queue that went back to ``latest`` (the topic deleted and made again). */
+  static String wentBackError(String topic, int queue, long from, long latest, long earliest) {
+    return lost(topic, queue, from, -1, "are gone: the queue went back to " + latest
+        + " (was the topic deleted and created again?); reading it again from its earliest offset " + earliest);
+  }
+
+  /** With failOnDataLoss=false: ``lost``'s loss as the Python source's warning. */
+  static void skipping(Logger log, String why) {
+    log.warn(why.substring(0, why.indexOf(". The query")) + "; skipping them because failOnDataLoss is false");
+  }
+
   @Override
   public InputPartition[] planInputPartitions(Offset start, Offset end) {
     Map<String, Map<Integer, Long>> s = ((RtOffset) start).positions;
@@ -172,10 +182,8 @@ final class RtStream implements MicroBatchStream, SupportsRealTimeMode, Supports
       long from = s.getOrDefault(t, Map.of()).getOrDefault(q, to);
       if (from > to) {     // the queue went back (latestOffset found it; a replayed batch, not always)
         long earliest = Math.min(earliest(t, q), to);
-        String why = lost(t, q, from, -1, "are gone: the queue went back to " + to
-            + " (was the topic deleted and created again?); reading it again from its earliest offset " + earliest);
         if (opts.failOnDataLoss) {
-          throw new IllegalStateException(why);
+          throw new IllegalStateException(wentBackError(t, q, from, to, earliest));
         }
         from = earliest;
       }
