@@ -118,8 +118,33 @@ def per_node(st: dict) -> tuple[dict, dict]:
     return replicas, leaders
 
 
-def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
+def _port_taken_once(monkeypatch):
+    """The next port block LocalCluster chooses has its raft port (the gRPC port + 1)
+    already bound; a socket to close afterwards."""
+    import socket
+
+    import storage_service.local.cluster as local_cluster
+
+    real, held = local_cluster.free_port_block, socket.socket()
+
+    def first_taken(size, host="127.0.0.1", avoid=()):
+        base = real(size, host, avoid)
+        held.bind((host, base + 1))
+        held.listen()
+        monkeypatch.setattr(local_cluster, "free_port_block", real)
+        return base
+
+    monkeypatch.setattr(local_cluster, "free_port_block", first_taken)
+    return held
+
+
+def test_join_rebalance_and_decommission_keep_every_message(tmp_path, monkeypatch):
+    # The first founder's raft port is taken before it starts: the new cluster starts
+    # again on ports chosen anew (nothing ran on the first ones).
+    taken = _port_taken_once(monkeypatch)
     c = start_cluster(tmp_path / "grow", nodes=3, groups=6, extra_args=("--replication-factor", "3"))
+    taken.close()
+    assert open(f"{c.log_dir}/node-0.log").read().count("each node needs its gRPC port") == 1
     client = Client(c.endpoints)
     try:
         client.create_topic("elastic", queues=6)
@@ -133,7 +158,14 @@ def test_join_rebalance_and_decommission_keep_every_message(tmp_path):
 
         produce("before")
         c.add_node()
+        # The second joiner finds the block chosen for it taken (something bound its
+        # raft port in between, as another test's process can): it starts again on
+        # another block, and nothing names the address it never joined with.
+        taken = _port_taken_once(monkeypatch)
         c.add_node()
+        taken.close()
+        log = open(f"{c.log_dir}/node-4.log").read()
+        assert log.count("each node needs its gRPC port") == 1, log[-2000:]
         st = client.cluster_status()
         assert {m["address"] for m in st["members"]} == set(c.addresses)
         assert all(m["state"] == "active" for m in st["members"])

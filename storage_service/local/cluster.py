@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ __all__ = ["LocalCluster"]
 
 # gRPC, raft (all groups of the node), produce port, cluster port (TLS), HTTP port
 PORTS_PER_NODE = 5
+# What a node prints when one of its ports is taken (storage_service/cli.py).
+PORT_TAKEN = "each node needs its gRPC port"
 ADMIN = "admin"      # a secure local cluster's superuser: its certificate's CN and its token's subject
 
 
@@ -46,6 +49,20 @@ def _admin_token(secret_file: str, path: str) -> str:
     token = keys.mint(ADMIN, 0)
     write_private(path, (token + "\n").encode())
     return token
+
+
+class NodeExited(RuntimeError):
+    """A node process ended while it was waited for; the message carries its log's last lines."""
+
+    def __init__(self, i: int, returncode: int, log_path: str, lines: int = 12):
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 16384))
+                tail = f.read().decode(errors="replace").splitlines()[-lines:]
+        except OSError:
+            tail = []
+        self.node, self.returncode, self.tail = i, returncode, "\n".join(tail)
+        super().__init__(f"node {i} exited with {returncode}; see {log_path}; its last lines:\n{self.tail}")
 
 
 class LocalCluster:
@@ -99,6 +116,9 @@ class LocalCluster:
         self.log_dir = log_dir or self.data_dir
         os.makedirs(self.data_dir, exist_ok=True)
         self.founders = saved.get("founders", self.nodes) if saved else self.nodes
+        # Ports this process chose for a new cluster may be chosen again if one is taken
+        # before its node binds it (start); a saved or given layout is kept as it is.
+        self._may_move = not saved and not port and not hosts
         self.addresses = self._addresses(port)
         self.procs: list[subprocess.Popen | None] = [None] * self.nodes
 
@@ -162,9 +182,22 @@ class LocalCluster:
         i = self.nodes - 1
         if rack is not None:
             self.node_racks[i] = rack
-        if start:
+        for attempt in range(3 if start else 0):
             self.start_node(i)
-            self.wait_ready(timeout, nodes=[i])
+            try:
+                self.wait_ready(timeout, nodes=[i])
+                break
+            except NodeExited as e:
+                # Its ports were free when chosen, but something else (another test's
+                # node, a Spark driver) bound one before it did. It has not joined yet,
+                # so nothing names the address: choose another block and start again.
+                if attempt == 2 or PORT_TAKEN not in e.tail or "joined the cluster" in e.tail:
+                    raise
+                used.extend(int(self.addresses[i].rsplit(":", 1)[1]) + k for k in range(PORTS_PER_NODE))
+                base = free_port_block(PORTS_PER_NODE, self.host, used)
+                self.addresses[i] = f"{self.host}:{base}"
+                self._save(self.addresses)
+                shutil.rmtree(os.path.join(self.data_dir, f"node-{i}"), ignore_errors=True)
         return i
 
     @property
@@ -201,13 +234,27 @@ class LocalCluster:
         (``wait_ready``: ``timeout`` seconds without progress). If that fails, the
         nodes started are stopped again (``with`` never reaches ``__exit__``)."""
         self._lock.acquire()             # again after a stop()
-        try:
-            for i in range(self.nodes):
-                self.start_node(i)
-            self.wait_ready(timeout, say=say)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(3):
+            try:
+                for i in range(self.nodes):
+                    self.start_node(i)
+                self.wait_ready(timeout, say=say)
+                break
+            except NodeExited as e:
+                self.stop()
+                if not (self._may_move and attempt < 2 and PORT_TAKEN in e.tail):
+                    raise
+                # A port was free when chosen and bound by something else before its
+                # node could: nothing has run on these addresses yet, so choose again.
+                self._lock.acquire()
+                for i in range(self.nodes):
+                    shutil.rmtree(os.path.join(self.data_dir, f"node-{i}"), ignore_errors=True)
+                os.remove(os.path.join(self.data_dir, "cluster.json"))
+                self.addresses = self._addresses(0)
+            except BaseException:
+                self.stop()
+                raise
+        self._may_move = False
         return self
 
     def health(self, i: int) -> rmq_pb2.HealthResponse | None:
@@ -235,7 +282,7 @@ class LocalCluster:
             for i in nodes:
                 p = self.procs[i]
                 if p is not None and p.poll() is not None:
-                    raise RuntimeError(f"node {i} exited with {p.returncode}; see {self.log_dir}/node-{i}.log")
+                    raise NodeExited(i, p.returncode, os.path.join(self.log_dir, f"node-{i}.log"))
                 h = self.health(i) if p is not None else None
                 if p is not None and (h is None or not h.serving):
                     pending.append(i)
