@@ -97,7 +97,6 @@ def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothi
     import signal
     import subprocess
     import sys
-    import time
 
     from rmq_spark.tiering._lease import TTL_S
     from tests.conftest import wait_until
@@ -115,7 +114,11 @@ def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothi
         assert proc.poll() is None, proc.stdout.read().decode()[-6000:]
         os.killpg(proc.pid, signal.SIGSTOP)
         produce(client, topic, 40, start=100)          # A planned none of these
-        time.sleep(TTL_S + 2)                            # A's lease lapses
+        # A's lease lapses: at most TTL_S after its last renewal, which was before the
+        # stop. Wait for the metadata group to say so (B takes the lease only then),
+        # not a fixed TTL_S from now.
+        wait_until(lambda: not client.describe_topic(topic)["tier_job"], timeout=TTL_S + 90,
+                   interval=0.2, what="job A's lease to lapse")
         run_tier(spark, endpoints, topic, checkpoint=str(tmp_path / "ckpt-b"))   # job B
         token_b = _token(path, topic)
         assert len(archive_rows(spark, path, "delta", topic)) == 140
