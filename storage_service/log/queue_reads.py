@@ -13,8 +13,8 @@ import os
 import time
 
 from ..protocol import framing
-from .segment import (IDX_ENTRY, TIX_ENTRY, FileSpan, Segment, index_position, read_pairs, read_segment,
-                      span_in)
+from .segment import (IDX_ENTRY, TIX_ENTRY, FileSpan, Segment, index_position, read_batch_holding, read_pairs,
+                      read_segment, span_in)
 
 __all__ = ["QueueReads"]
 
@@ -37,6 +37,14 @@ class QueueReads:
         (the batches before ``offset`` cut off) instead of a copy."""
         return self._in_segments(offset, b"", lambda seg, fd, size, idx, off: read_segment(
             seg, fd, size, idx, off, max_bytes))
+
+    def batch_holding(self, offset: int) -> bytes | None:
+        """The one batch holding ``offset`` (CRC-checked), found from its neighbours'
+        headers; None when not found that way: ``read`` then (``segment.read_batch_holding``)."""
+        def in_segment(seg: Segment, fd: int, size: int, idx, off: int) -> bytes | None:
+            return read_batch_holding(fd, size, idx, off) if off == offset else None
+
+        return self._in_segments(offset, None, in_segment)
 
     def locate(self, offset: int, max_bytes: int) -> FileSpan | None:
         """Where ``read_view(offset, max_bytes)`` would read, without reading the batches.

@@ -646,3 +646,58 @@ def test_index_files_come_with_the_first_entry_and_a_failed_one_is_a_shortage(qp
     monkeypatch.setattr(os, "open", real_open)
     _append(q)
     assert _read_all(q) == list(range(q.next_offset)) and q.next_offset > before and size
+
+
+def _batch_read(q: QueueLog, offset: int) -> bytes:
+    """The batch holding ``offset`` as the careful path reads it."""
+    data = q.read(offset, 1)
+    return bytes(data[:next(iter_batches(data)).size])
+
+
+@pytest.mark.parametrize("segment_bytes,interval", [(64 << 20, 64 << 10), (2000, 300), (64 << 20, 500)],
+                         ids=["one-segment", "rolls", "sparse-index"])
+def test_batch_holding_is_the_batch_read_finds_for_every_offset(qpath, segment_bytes, interval):
+    """A key-value get reads one batch found by its neighbours' headers: for every
+    offset (first, inside and last record of a batch, across segment rolls, with index
+    entries every few batches) it is the batch the careful read returns; past the end
+    and below the start there is none."""
+    q = QueueLog(qpath, segment_bytes=segment_bytes, index_interval=interval, fsync=False)
+    _fill(q, 60)
+    for off in range(q.next_offset):
+        assert q.batch_holding(off) == _batch_read(q, off), off
+    assert q.batch_holding(q.next_offset) is None and q.batch_holding(-1) is None
+    q.close()
+    q = QueueLog(qpath, segment_bytes=segment_bytes, index_interval=interval, fsync=False)   # reopened
+    assert all(q.batch_holding(off) == _batch_read(q, off) for off in range(q.next_offset))
+
+
+def test_batch_holding_never_answers_other_data_when_a_header_before_it_is_bad(qpath):
+    """A length that does not add up in a batch the walk skips: the walk gives up (the
+    caller reads batch by batch and meets the damage), or finds the right batch, never
+    another; a damaged batch itself is never answered."""
+    q = QueueLog(qpath, segment_bytes=3000, fsync=False)
+    _fill(q, 60)
+    end = q.next_offset
+    q.close()
+    path = os.path.join(qpath, _log_files(qpath)[0])           # sealed: read as it is, never cut
+    with open(path, "rb") as f:
+        batches = list(iter_batches(f.read()))
+    victim = [h for h in batches if h.base_offset == 3 * PER_BATCH][0]
+    assert len(batches) > 8
+    for at, value in ((0, 1 << 20), (0, 3), (0, victim.size - 8 + 37), (8, 10 ** 6), (8, 0)):
+        with open(path, "r+b") as f:
+            f.seek(victim.position + at)
+            original = f.read(8 if at else 4)
+            f.seek(victim.position + at)
+            f.write(value.to_bytes(8 if at else 4, "little"))
+        q = QueueLog(qpath, segment_bytes=3000, fsync=False)
+        assert q.next_offset == end
+        for off in range(q.next_offset):
+            got = q.batch_holding(off)
+            if got is not None:
+                h = next(iter_batches(got))           # CRC-checked
+                assert h.base_offset <= off <= h.last_offset and h.base_offset != 3 * PER_BATCH, (at, value, off)
+        q.close()
+        with open(path, "r+b") as f:
+            f.seek(victim.position + at)
+            f.write(original)
