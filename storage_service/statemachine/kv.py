@@ -136,8 +136,19 @@ class KvStore:
         # The one batch holding the revision (max_bytes 1: not a megabyte parsed per get),
         # found by its neighbours' headers when that is sure, else read batch by batch.
         try:
-            batch = q.batch_holding(revision) or q.read(revision, 1)
-            for off, ts, key, value, _tags, props, _born in framing.iter_records_from(batch, revision):
+            batch = q.batch_holding(revision)
+            if batch is not None:                  # CRC-checked: one row read with struct
+                h = framing.header_at(batch, 0)
+                try:
+                    row = records.row_at(framing.records_of(batch, h), h.count, revision - h.base_offset)
+                except ValueError:                 # sections that do not add up: the careful parse says why
+                    row = ()
+                if row != ():
+                    if row is None or row[1] is None:
+                        return None
+                    return KvEntry(row[1], row[2], revision, h.store_ts, _expires(row[4]))
+            for off, ts, key, value, _tags, props, _born in framing.iter_records_from(q.read(revision, 1),
+                                                                                     revision):
                 if off != revision or key is None:
                     return None
                 return KvEntry(key, value, off, ts, _expires(props))

@@ -44,3 +44,38 @@ def test_framing_scans_any_bytes_to_a_valid_prefix(buf):
     valid, headers = framing.scan_valid_prefix(buf)
     assert 0 <= valid <= len(buf)
     assert sum(h.size for h in headers) == valid
+
+
+_ROW = st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.one_of(st.none(), st.binary(max_size=8)),
+                 st.text(max_size=6), st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+                 st.integers(-2 ** 40, 2 ** 40))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(_ROW, min_size=1, max_size=6), st.data())
+def test_row_at_reads_the_row_iter_rows_reads(rows, data):
+    """A key-value get reads one record with ``row_at``: the same record ``parse`` and
+    ``iter_rows`` give, for any delta present (sparse ones too, as after compaction),
+    and None for a delta the block does not hold."""
+    gaps = data.draw(st.lists(st.integers(1, 3), min_size=len(rows), max_size=len(rows)))
+    deltas = [sum(gaps[:i + 1]) - 1 for i in range(len(rows))]
+    block = records.encode([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                           [r[3] for r in rows], [r[4] for r in rows], deltas)
+    expected = list(records.iter_rows(records.parse(block, len(rows))))
+    for want in expected:
+        assert records.row_at(memoryview(block), len(rows), want[0]) == want
+    assert records.row_at(block, len(rows), deltas[-1] + 1) is None
+    missing = set(range(deltas[-1])) - set(deltas)
+    assert all(records.row_at(block, len(rows), d) is None for d in missing)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.data())
+def test_row_at_on_changed_bytes_answers_value_error_or_a_row_never_crashes(data):
+    block = bytearray(VALID)
+    for _ in range(data.draw(st.integers(1, 4))):
+        block[data.draw(st.integers(0, len(block) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        records.row_at(bytes(block), 3, data.draw(st.integers(0, 3)))
+    except (ValueError, UnicodeDecodeError):
+        pass
