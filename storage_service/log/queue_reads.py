@@ -18,6 +18,8 @@ from .segment import (IDX_ENTRY, TIX_ENTRY, FileSpan, Segment, index_position, r
 
 __all__ = ["QueueReads"]
 
+_NOT_FOUND = object()
+
 
 class QueueReads:
     """Mixed into ``QueueLog`` (its ``lock``, ``segments``, ``_earliest``, ``next_offset``,
@@ -41,10 +43,13 @@ class QueueReads:
     def batch_holding(self, offset: int) -> bytes | None:
         """The one batch holding ``offset`` (CRC-checked), found from its neighbours'
         headers; None when not found that way: ``read`` then (``segment.read_batch_holding``)."""
-        def in_segment(seg: Segment, fd: int, size: int, idx, off: int) -> bytes | None:
-            return read_batch_holding(fd, size, idx, off) if off == offset else None
+        def in_segment(seg: Segment, fd: int, size: int, idx, off: int):
+            # Never on to the next segment: the batch holding ``offset`` is in this one
+            # or nowhere sure (the caller's careful read goes on from here).
+            return read_batch_holding(fd, size, idx, off) or _NOT_FOUND
 
-        return self._in_segments(offset, None, in_segment)
+        found = self._in_segments(offset, None, in_segment)
+        return None if found is _NOT_FOUND else found
 
     def locate(self, offset: int, max_bytes: int) -> FileSpan | None:
         """Where ``read_view(offset, max_bytes)`` would read, without reading the batches.

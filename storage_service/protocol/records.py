@@ -386,62 +386,66 @@ def row_at(block, n: int, delta: int) -> tuple[int, bytes | None, bytes | None, 
     """The record whose offset delta is ``delta`` (as ``iter_rows`` gives it), or None,
     read with ``struct`` alone: for one record of a block whose batch CRC was just
     checked (a key-value get), where ``parse``'s numpy calls cost more than the read.
-    Section bounds are checked (ValueError), as ``parse(check=False)`` does."""
+    The block is checked as ``parse(check=False)`` checks it (section bounds, no
+    trailing bytes, flags): ValueError where that would raise one."""
     size = len(block)
     if n <= 0 or size < min_block_size(n):
         raise ValueError(f"records block of {size} bytes cannot hold {n} records")
     deltas = struct.unpack_from(f"<{n}I", block, 0)
+    flags = bytes(block[12 * n:13 * n])
+    pos, cols = 13 * n, []
+    for what in ("key", "value", "tags"):
+        offs, data, pos = _section(block, pos, n, what, size)
+        cols.append((offs, data))
+    if pos + 4 * (n + 1) > size:                # record -> its range of properties: no data
+        raise ValueError("records block truncated in the property offsets")
+    cols.append((struct.unpack_from(f"<{n + 1}i", block, pos), None))
+    pos += 4 * (n + 1)
+    m = cols[3][0][-1]
+    if m < 0:
+        raise ValueError(f"records block: negative property count {m}")
+    for what in ("property key", "property value"):
+        offs, data, pos = _section(block, pos, m, what, size)
+        cols.append((offs, data))
+    if pos != size:
+        raise ValueError(f"records block has {size - pos} trailing bytes")
+    value_off = cols[1][0]
+    for j, f in enumerate(flags):
+        if f & ~_KNOWN_FLAGS:
+            raise ValueError(f"records block: message {j} has unknown flag bits 0x{f:02x}")
+        if f & FLAG_NULL_VALUE and value_off[j + 1] != value_off[j]:
+            raise ValueError(f"records block: message {j} has a null value but value bytes")
     i = bisect.bisect_left(deltas, delta)
     if i == n or deltas[i] != delta:
         return None
-    born = struct.unpack_from("<q", block, 4 * n + 8 * i)[0]
-    flags = block[12 * n + i]
-    if flags & ~_KNOWN_FLAGS:
-        raise ValueError(f"records block: message {i} has unknown flag bits 0x{flags:02x}")
-    pos, cols = 13 * n, []
-    for what, count in (("key", n), ("value", n), ("tags", n)):
-        offs = struct.unpack_from(f"<{count + 1}i", block, pos) if pos + 4 * (count + 1) <= size else None
-        if offs is None or offs[-1] < 0 or pos + 4 * (count + 1) + offs[-1] > size:
-            raise ValueError(f"records block truncated in the {what} section")
-        data = pos + 4 * (count + 1)
-        cols.append((offs, data))
-        pos = data + offs[-1]
-    if pos + 4 * (n + 1) > size:
-        raise ValueError("records block truncated in the property offsets")
-    props_off = struct.unpack_from(f"<{n + 1}i", block, pos)
-    pos += 4 * (n + 1)
-    props = {}
-    m = props_off[-1]
-    if not 0 <= props_off[i] <= props_off[i + 1] <= m:
-        raise ValueError("records block: property offsets out of order")
-    if props_off[i + 1] > props_off[i]:
-        sections = []
-        for what in ("property key", "property value"):
-            if pos + 4 * (m + 1) > size:
-                raise ValueError(f"records block truncated in the {what} offsets")
-            offs = struct.unpack_from(f"<{m + 1}i", block, pos)
-            data = pos + 4 * (m + 1)
-            if offs[-1] < 0 or data + offs[-1] > size:
-                raise ValueError(f"records block truncated in the {what} section")
-            sections.append((offs, data))
-            pos = data + offs[-1]
-        (pk, pk_data), (pv, pv_data) = sections
-        for j in range(props_off[i], props_off[i + 1]):
-            if not (0 <= pk[j] <= pk[j + 1] <= pk[-1] and 0 <= pv[j] <= pv[j + 1] <= pv[-1]):
-                raise ValueError("records block: property offsets out of order")
-            props[bytes(block[pk_data + pk[j]:pk_data + pk[j + 1]]).decode()] = \
-                bytes(block[pv_data + pv[j]:pv_data + pv[j + 1]]).decode()
 
-    def cell(c):
+    def cell(c: int, k: int) -> bytes:
         offs, data = cols[c]
-        lo, hi = offs[i], offs[i + 1]
+        lo, hi = offs[k], offs[k + 1]
         if not 0 <= lo <= hi <= offs[-1]:
             raise ValueError("records block: offsets out of order")
         return bytes(block[data + lo:data + hi])
 
-    key = cell(0) if flags & FLAG_KEY else None
-    value = None if flags & FLAG_NULL_VALUE else cell(1)
-    return delta, key, value, cell(2).decode(), props, born
+    po = cols[3][0]
+    if not 0 <= po[i] <= po[i + 1] <= m:
+        raise ValueError("records block: property offsets out of order")
+    props = {cell(4, j).decode(): cell(5, j).decode() for j in range(po[i], po[i + 1])}
+    key = cell(0, i) if flags[i] & FLAG_KEY else None
+    value = None if flags[i] & FLAG_NULL_VALUE else cell(1, i)
+    born = struct.unpack_from("<q", block, 4 * n + 8 * i)[0]
+    return delta, key, value, cell(2, i).decode(), props, born
+
+
+def _section(block, pos: int, count: int, what: str, size: int) -> tuple[tuple, int, int]:
+    """(count + 1 offsets, where the data starts, where the next section starts) of the
+    section at ``pos``: its offsets' and data's bounds checked."""
+    data = pos + 4 * (count + 1)
+    if data > size:
+        raise ValueError(f"records block truncated in the {what} offsets")
+    offs = struct.unpack_from(f"<{count + 1}i", block, pos)
+    if offs[-1] < 0 or data + offs[-1] > size:
+        raise ValueError(f"records block truncated in the {what} data")
+    return offs, data, data + offs[-1]
 
 
 def select(c: Columns, keep: Sequence[int]) -> bytes:

@@ -79,3 +79,20 @@ def test_row_at_on_changed_bytes_answers_value_error_or_a_row_never_crashes(data
         records.row_at(bytes(block), 3, data.draw(st.integers(0, 3)))
     except (ValueError, UnicodeDecodeError):
         pass
+
+
+_TWO = records.encode([b"v1", b"v2"], [b"k1", b"k2"], None, [{}, {"p": "q"}])
+
+
+@pytest.mark.parametrize("block,why", [
+    (_TWO + b"\0" * 4, "trailing bytes"),
+    (_TWO[:-2], "truncated"),
+    (_TWO[:24] + bytes([3]) + _TWO[25:], "null value but value bytes"),
+    (_TWO[:25] + bytes([0x81]) + _TWO[26:], "unknown flag bits"),
+], ids=["trailing", "truncated-properties", "null-with-bytes", "unknown-flags-elsewhere"])
+@pytest.mark.parametrize("delta", [0, 1, 5], ids=["first", "second", "absent"])
+def test_row_at_refuses_what_parse_refuses_whichever_row_is_asked(block, why, delta):
+    with pytest.raises(ValueError, match=why):
+        records.parse(block, 2, check=False)
+    with pytest.raises(ValueError, match=why):
+        records.row_at(block, 2, delta)
