@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from ..protocol import framing
 
-__all__ = ["FileSpan", "IDX_ENTRY", "read_batch_holding", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "check_segment", "finish_swaps",
-           "index_entries", "index_position", "open_sealed", "rewrite_index", "read_pairs", "read_segment",
-           "recover_tail", "segment_name", "span_in", "write_pairs"]
+__all__ = ["FileSpan", "IDX_ENTRY", "SEGMENT_FILES", "Segment", "TIX_ENTRY", "check_segment", "finish_swaps",
+           "index_entries", "index_position", "open_sealed", "rewrite_index", "read_batch_holding", "read_pairs",
+           "read_segment", "recover_tail", "segment_name", "span_in", "write_pairs"]
 
 log = logging.getLogger(__name__)
 
@@ -302,32 +302,25 @@ def read_batch_holding(fd: int, size: int, idx, offset: int, span: int = 128 << 
     only send the read to the careful path, never answer other data."""
     pos = index_position(idx, offset)
     data = os.pread(fd, min(span, size - pos), pos)
-    hs, need = framing.BATCH_HEADER.size, framing.BATCH_HEADER.size + framing.BODY_HEADER.size
+    hs = framing.BATCH_HEADER.size
     p, found = 0, None
-    while p + need <= len(data):
-        body_len = _BODY_LEN.unpack_from(data, p)[0]
+    while p + hs + framing.BODY_HEADER.size <= len(data):
+        body_len = framing.BATCH_HEADER.unpack_from(data, p)[0]
         if body_len < framing.BODY_HEADER.size:
             return None
-        if _BASE.unpack_from(data, p + hs)[0] > offset:
+        if framing.BODY_HEADER.unpack_from(data, p + hs)[0] > offset:
             break
         found, p = p, p + hs + body_len
     else:
         if p != len(data) or pos + p != size:       # the span ended before a later batch
             return None
-    if found is None or found + hs > len(data):
+    if found is None:
         return None
-    end = found + hs + _BODY_LEN.unpack_from(data, found)[0]
-    if end > len(data):
-        return None
-    try:
+    try:                                            # lengths and CRC (a truncated body too)
         h = framing.header_at(data, found, verify=True)
     except framing.CorruptBatch:
         return None
-    return data[found:end] if h.base_offset <= offset <= h.last_offset else None
-
-
-_BODY_LEN = struct.Struct("<I")
-_BASE = struct.Struct("<Q")
+    return data[found:found + h.size] if h.base_offset <= offset <= h.last_offset else None
 
 
 def _landed(seg: Segment, start: int, h: framing.BatchHeader, offset: int) -> None:

@@ -141,9 +141,9 @@ class KvStore:
                 h = framing.header_at(batch, 0)
                 try:
                     row = records.row_at(framing.records_of(batch, h), h.count, revision - h.base_offset)
-                except ValueError:                 # sections that do not add up: the careful parse says why
-                    row = ()
-                if row != ():
+                except ValueError:
+                    pass                           # sections that do not add up: the careful parse says why
+                else:
                     if row is None or row[1] is None:
                         return None
                     return KvEntry(row[1], row[2], revision, h.store_ts, _expires(row[4]))
