@@ -8,6 +8,8 @@ says ``export PATH=$PWD/.venv/bin:$PATH``). Exported variables carry over
 from one bash block to the next, as in one shell. Then the compacted-state
 notebook runs against the same cluster with ``RMQ_ENDPOINTS`` exported, as a
 reader who followed the tour would run it: it must not touch the tour's topics.
+The tour's directory then holds what the tour writes and nothing else: no
+``spark-warehouse/`` or metastore left by its Spark programs and jobs.
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE_ENDPOINTS = "127.0.0.1:7000,127.0.0.1:7005,127.0.0.1:7010"
 SAMPLE_HTTP = "127.0.0.1:7004"       # node 0's HTTP port in the sample output
+# What the tour writes in its directory: its two streaming queries' checkpoints, the
+# archive of `rmq tier events` and the table of `rmq compact balances` (beside the
+# .venv link this test makes).
+TOUR_LEAVES = [".venv", "archive", "balances-table", "orders-live-checkpoint", "orders-upper-checkpoint"]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 
 
@@ -74,6 +80,10 @@ def test_readme_tour_runs_in_order_on_one_cluster(tmp_path):
                 pairs = open(envfile, "rb").read().split(b"\0")
                 env = dict(x.decode().split("=", 1) for x in pairs if b"=" in x)
         _check_what_the_tour_says(cluster.endpoints)
+        # The tour's Spark programs and its `rmq tier` / `rmq compact` jobs ran in this
+        # directory: it holds what the tour writes there and nothing a Spark job leaves on
+        # its own (spark-warehouse/, metastore_db/, derby.log).
+        assert sorted(os.listdir(tour)) == TOUR_LEAVES
         _run_notebook_on_the_same_cluster(cluster.endpoints, tmp_path)
     finally:
         cluster.stop()
