@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rmq_spark.client import Client, Message  # noqa: E402
 from storage_service.local import LocalCluster  # noqa: E402
+from storage_service.raft.journal import FSYNC_POLICIES  # noqa: E402
 
 MAX_PER_TOPIC = 4000
 PER_CALL = 500
@@ -411,7 +412,7 @@ def main(argv=None) -> int:
                    help="producer counts run on the first node count (repeatable; default 12, 24, 48; 0: none)")
     p.add_argument("--offered", type=float, default=None,
                    help="offered load of the same-load rows, msgs/s (default: half the first row's rate; 0: none)")
-    p.add_argument("--fsync", default="always", choices=["always", "never", "interval"])
+    p.add_argument("--fsync", default="always", choices=FSYNC_POLICIES)
     p.add_argument("--seconds", type=float, default=15.0, help="measured window of each node run")
     p.add_argument("--producer", default=None, help=argparse.SUPPRESS)   # a producer process's spec
     a = p.parse_args(argv)

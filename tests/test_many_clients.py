@@ -54,7 +54,13 @@ def test_two_thousand_waiting_fetches_hold_no_threads(tmp_path):
             # The message produced to each quiet queue wakes every poller of that queue.
             for q in range(QUEUES):
                 client.produce("quiet", [f"wake-{q}".encode()], queue=q)
-            wait_until(lambda: all(crowd.received[i] == 1 for i in range(POLLERS)), timeout=60)
+            try:
+                wait_until(lambda: all(crowd.received[i] == 1 for i in range(POLLERS)), timeout=60)
+            except AssertionError:
+                woken = sum(1 for i in range(POLLERS) if crowd.received[i] == 1)
+                raise AssertionError(f"{woken} of {POLLERS} pollers got their queue's message in 60 s; "
+                                     f"{crowd.outstanding} polls outstanding; errors {dict(crowd.errors)} "
+                                     f"{crowd.error_details}; leaders now {leaders_of(client, 'quiet', QUEUES)}")
         finally:
             producers.stop()
             crowd.stop()

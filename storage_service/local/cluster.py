@@ -329,6 +329,8 @@ class LocalCluster:
                 try:
                     p.wait(timeout=15)
                 except subprocess.TimeoutExpired:
+                    print(f"node {i} did not stop within 15 s of SIGTERM: killed (its restart replays "
+                          "its journals; see its log)", file=sys.stderr, flush=True)
                     p.kill()
                     p.wait()
             self.procs[i] = None

@@ -42,6 +42,7 @@ from .writes import NodeWrites, produce_entry
 __all__ = ["NodeConfig", "StorageNode"]
 
 log = logging.getLogger(__name__)
+STOP_THREADS_S = 3.0       # how long a stop waits for its background threads, all together
 
 
 # How long a leader read waits for the leader's lease to be confirmed (a new
@@ -422,17 +423,31 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         return st
 
     def stop(self) -> None:
+        t0 = time.monotonic()
         self._stopping.set()
-        for t in (self._bg, self._flusher, self._placer, self._controller):   # no proposal into stopped groups
-            t.join(timeout=5)
+        # No proposal into stopped groups: the background threads end first, within a
+        # budget shared by all of them (a controller pass waiting on peers that are
+        # stopping too must not hold up the snapshot a graceful stop is for).
+        for t in (self._bg, self._flusher, self._placer, self._controller):
+            t.join(timeout=max(0.0, t0 + STOP_THREADS_S - time.monotonic()))
+            if t.is_alive():
+                log.warning("stopping: thread %s still running %.1f s after the stop began; going on",
+                            t.name, time.monotonic() - t0)
         for c in self.committers.values():
             c.stop()
         self.raft_loop.stop()
+        if not self.raft_loop.stopped:
+            log.warning("stopping: the raft loop did not stop; no snapshot at stop (the restart replays "
+                        "the journals)")
+        written = []
         for g, raft in self.groups.items() if self.raft_loop.stopped else ():
             try:
-                raft.snapshot_at_stop()          # the restart replays nothing (snapshots.py)
+                if raft.snapshot_at_stop():          # the restart replays nothing (snapshots.py)
+                    written.append(g)
             except Exception:
                 log.exception("group %d: snapshot at stop failed (the restart replays its journal)", g)
+        log.info("stopping: snapshots of groups %s written, %.1f s after the stop began", written,
+                 time.monotonic() - t0)
         for raft in self.groups.values():
             raft.stop()
         self.raft_loop.close()
