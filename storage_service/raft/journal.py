@@ -90,6 +90,7 @@ class DurableJournal(JournalScan, Journal):
         self._cache: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._cache_bytes = 0
         self._bytes = 0
+        self._synced_bytes = 0      # _bytes as of the last sync (unsynced_bytes)
         self._dirty = False
         # Files are switched, truncated and closed under this lock, and a sync
         # from another thread (``sync_behind``) holds it while it runs.
@@ -214,8 +215,13 @@ class DurableJournal(JournalScan, Journal):
             if self._fd is not None:
                 self._sync_locked()
 
+    @property
+    def unsynced_bytes(self) -> int:
+        """About how much a sync now would write back (the journal's own records)."""
+        return max(0, self._bytes - self._synced_bytes)
+
     def _sync_locked(self) -> None:
-        last = self.last_idx
+        last, size = self.last_idx, self._bytes
         if self._dirty or last > self.durable_idx:
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
@@ -229,6 +235,7 @@ class DurableJournal(JournalScan, Journal):
                     self._dirty = True
                     raise
         self.durable_idx = max(self.durable_idx, last) if last else 0
+        self._synced_bytes = size
 
     @property
     def last_idx(self) -> int:
@@ -373,6 +380,7 @@ class DurableJournal(JournalScan, Journal):
         for k in [k for k in self._cache if k not in live]:
             self._cache_bytes -= len(self._cache.pop(k))
         self._entries, self._ends, self._bytes = kept, ends, pos
+        self._synced_bytes = pos
         self._dirty = False
         self.durable_idx = self.last_idx   # the new file was written and synced as a whole
 

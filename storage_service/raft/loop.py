@@ -4,8 +4,10 @@ With a thread per group, each of a node's G+1 groups wakes on its own, and
 every wake-up is a GIL hand-over and a context switch; on two cores under
 produce load that cost more than the raft work itself. A ``RaftLoop`` polls
 once for all its groups' sockets and pipes, then ticks each group. Journal
-syncs run on the loop's syncer thread, and a follower's success reply waits
-here (``defer_ack``) until the entries it covers are durable.
+syncs run on the loop's syncer thread, or on the loop thread itself while the
+syncer is idle and syncs are quick and small (``request_sync``), and a
+follower's success reply waits here (``defer_ack``) until the entries it
+covers are durable.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ WARN_LATE = 0.3      # a hold-up this long is logged
 # recent syncs took less than this (a quick disk): handing it to the syncer and waking
 # the loop after cost ~4 thread switches (GIL hand-overs) each, more than the sync.
 INLINE_SYNC_S = 0.0005
+INLINE_SYNC_BYTES = 64 << 10     # ... and it has at most this much to write back
 
 
 class LoopGroup(Protocol):
@@ -118,13 +121,15 @@ class RaftLoop:
         self.groups: list["LoopGroup"] = []
         # Journal syncs run on a thread of their own: waiting for the disk on
         # the raft thread held up every group of the node (under produce load
-        # about 30% of its time went to fdatasync). Success replies wait here
-        # until their entries are durable.
+        # about 30% of its time went to fdatasync). Only a quick, small sync
+        # while the syncer is idle runs here (request_sync). Success replies
+        # wait here until their entries are durable.
         self._to_sync: collections.deque = collections.deque()
         self._sync_wanted = threading.Condition()
         self._acks: list[tuple] = []
         self._syncing = False            # the syncer is in a sync
         self._sync_s = INLINE_SYNC_S     # a running mean of how long syncs take (either thread)
+        self._last_sync_s = INLINE_SYNC_S   # and the latest one
         self.inline_syncs = 0
         self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
@@ -179,7 +184,8 @@ class RaftLoop:
         """Sync the group's journal soon, then wake the loop (loop thread); at once, on
         this thread, while the syncer is idle and syncs are quick (``INLINE_SYNC_S``):
         a disk that slows down moves the syncs back to the syncer."""
-        if self._sync_s < INLINE_SYNC_S and not self._syncing and not self._to_sync \
+        if max(self._sync_s, self._last_sync_s) < INLINE_SYNC_S and not self._syncing \
+                and not self._to_sync and group.journal.unsynced_bytes <= INLINE_SYNC_BYTES \
                 and threading.current_thread() is self._thread:
             self._sync(group)
             self.inline_syncs += 1
@@ -217,6 +223,7 @@ class RaftLoop:
             with self._sync_wanted:
                 while not self._to_sync and self._running:
                     self._sync_wanted.wait(self.tick)
+                self._syncing = True     # before the pop: the loop thread never sees neither
                 group = self._to_sync.popleft() if self._to_sync else None
                 self._syncing = group is not None
             if group is None:
@@ -236,7 +243,8 @@ class RaftLoop:
             group.journal.sync_behind()
         except OSError as e:
             fatal(f"group {group.group_id}: journal sync failed ({e})")
-        self._sync_s += (time.perf_counter() - t0 - self._sync_s) / 8
+        self._last_sync_s = took = time.perf_counter() - t0
+        self._sync_s += (took - self._sync_s) / 8
 
     # --------------------------------------------------------------- loop
     def _run(self) -> None:
