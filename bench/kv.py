@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import _peers  # noqa: E402
 from bench.produce import percentiles_ms  # noqa: E402
 from bench.scale import _rss_mb  # noqa: E402
-from rmq_spark.client import Client  # noqa: E402
+from rmq_spark.client import Client, KvConflict  # noqa: E402
 from storage_service.local import LocalCluster  # noqa: E402
 
 log = logging.getLogger("bench.kv")
@@ -84,7 +84,11 @@ def ours(a, root: str) -> list[dict]:
                     elif work == "get":
                         c.kv_get("kv", rng.choice(keys))
                     else:
-                        rev = c.kv_put("kv", mine, value, if_revision=rev)
+                        try:
+                            rev = c.kv_put("kv", mine, value, if_revision=rev)
+                        except KvConflict as e:      # a retried call stored it already: not counted
+                            rev = e.current_revision
+                            continue
                     got.append(time.perf_counter() - t)
                 with lock:
                     lat.extend(got)
@@ -103,6 +107,7 @@ def ours(a, root: str) -> list[dict]:
 async def _nats(a, urls: list[str]) -> list[dict]:
     import nats
     from nats.js.api import StorageType
+    from nats.js.errors import KeyWrongLastSequenceError
     nc = await nats.connect(servers=urls)
     try:
         js = nc.jetstream(timeout=30)
@@ -128,7 +133,11 @@ async def _nats(a, urls: list[str]) -> list[dict]:
                     elif work == "get":
                         await kv.get(rng.choice(keys))
                     else:
-                        rev = await kv.update(mine, value, last=rev)
+                        try:
+                            rev = await kv.update(mine, value, last=rev)
+                        except KeyWrongLastSequenceError:    # nats-py retried a publish: not counted
+                            rev = (await kv.get(mine)).revision
+                            continue
                     lat.append(time.perf_counter() - t)
             t0 = time.monotonic()
             await asyncio.gather(*(caller(n) for n in range(a.clients)))
