@@ -87,6 +87,7 @@ def ours(a, root: str) -> list[dict]:
                         try:
                             rev = c.kv_put("kv", mine, value, if_revision=rev)
                         except KvConflict as e:      # a retried call stored it already: not counted
+                            log.warning("rmq-spark cas %s: %s (skipped)", mine, e)
                             rev = e.current_revision
                             continue
                     got.append(time.perf_counter() - t)
@@ -136,6 +137,7 @@ async def _nats(a, urls: list[str]) -> list[dict]:
                         try:
                             rev = await kv.update(mine, value, last=rev)
                         except KeyWrongLastSequenceError:    # nats-py retried a publish: not counted
+                            log.warning("NATS cas %s: wrong last sequence %d (skipped)", mine, rev)
                             rev = (await kv.get(mine)).revision
                             continue
                     lat.append(time.perf_counter() - t)
