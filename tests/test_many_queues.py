@@ -18,6 +18,7 @@ from rmq_spark.client import Client
 from storage_service.local import LocalCluster
 
 from .conftest import wait_until
+from .fixtures.make_datadir import applied_everywhere
 
 pytestmark = pytest.mark.integration
 
@@ -128,18 +129,11 @@ def _fill_and_restart(cluster, topic: str, queues: int) -> None:
         # A produce is acked once a majority holds it: the third replica may apply the last
         # entries only after it hears the next commit index. Stopped before that, it gets them
         # from the leader after the restart and opens those queues as it applies them.
-        wait_until(lambda: _applied_everywhere(client), timeout=60, what="every replica applied every entry")
+        wait_until(lambda: applied_everywhere(client), timeout=60, what="every replica applied every entry")
     cluster.stop()
     cluster.start(timeout=90)
     wait_until(lambda: all(cluster.health(i).queues_open == queues for i in range(3)), timeout=120,
                what="every queue opened")
-
-
-def _applied_everywhere(client) -> bool:
-    """Every node reachable and each group applied to the same index on every node."""
-    nodes = client.cluster_status()["nodes"]
-    applied = [{g["group"]: g["applied_index"] for g in n["groups"]} for n in nodes]
-    return all(n["reachable"] for n in nodes) and all(a == applied[0] for a in applied)
 
 
 def _opened_behind(cluster, i: int) -> int:

@@ -130,7 +130,6 @@ class RaftLoop:
         self._syncing = False            # the syncer is in a sync
         self._sync_s = INLINE_SYNC_S     # a running mean of how long syncs take (either thread)
         self._last_sync_s = INLINE_SYNC_S   # and the latest one
-        self.inline_syncs = 0
         self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -188,7 +187,6 @@ class RaftLoop:
                 and not self._to_sync and group.journal.unsynced_bytes <= INLINE_SYNC_BYTES \
                 and threading.current_thread() is self._thread:
             self._sync(group)
-            self.inline_syncs += 1
             return
         with self._sync_wanted:
             if group not in self._to_sync:
