@@ -18,7 +18,7 @@ from .proto import rmq_pb2
 from .protocol.placement import http_address, produce_address, raft_address
 from .protocol.tls import server_context
 from .server.dispatch import AsyncServer, CallFailed, Limits
-from .server.kv import kv_put, kv_read
+from .server.kv import kv_put_submit, kv_read
 from .server.node import StorageNode
 from .server.produce_port import ProduceWireServer
 from .server.service import MAX_WAIT_MS, MessageLogService
@@ -51,7 +51,7 @@ class Servers:
 
 def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
                     ssl_context=None, gate=None, metrics=None, fetch=None,
-                    unary: dict | None = None) -> ProduceWireServer | None:
+                    unary: dict | None = None, deferred: dict | None = None) -> ProduceWireServer | None:
     """The produce port, or None (with a warning) when it is one of the cluster's
     other ports (``taken``: a cluster laid out by an older version with
     ``--port``, where it is the next node's gRPC port) or cannot be bound:
@@ -64,7 +64,8 @@ def _produce_server(servicer, address: str, taken: set[str] = frozenset(),
     try:
         return ProduceWireServer(servicer.produce_batches, host, int(port), ssl_context=ssl_context, gate=gate,
                                  metrics=metrics, fetch=fetch, submit=servicer.submit_batches,
-                                 finish=servicer.finish_batches, unary=unary)
+                                 finish=servicer.finish_batches, unary=unary,
+                                 deferred=deferred)
     except OSError as e:
         log.warning("produce port %s not served (%s): clients produce over gRPC", address, e)
         return None
@@ -120,7 +121,8 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
     ctx = None if c.tls is None else server_context(c.tls, c.tls_client_cert)
     produce = _produce_server(server.servicer, produce_address(c.address), taken, ctx,
                               gate=node.gate, metrics=node.metrics, fetch=_fetch_call(server),
-                              unary={"KvPut": lambda r: kv_put(node, r), "KvRead": lambda r: kv_read(node, r)})
+                              unary={"KvRead": lambda r: kv_read(node, r)},
+                              deferred={"KvPut": lambda r: kv_put_submit(node, r)})
     taken |= {produce_address(a) for a in c.addresses}
     http = _http_server(server, node, taken, ctx)
     return Servers(server, produce, http)

@@ -2,6 +2,7 @@
 frames, against a real 3-node cluster, and the client's transport for it."""
 from __future__ import annotations
 
+import signal
 import socket
 import struct
 import threading
@@ -15,7 +16,8 @@ from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
 from rmq_spark.client.errors import (FailedPrecondition, InvalidArgument, KvConflict, NotFound, NotLeader,
                                      OutOfRange)
 from storage_service.protocol.fetch_wire import decode_fetch_response
-from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_FETCH, METHOD_PRODUCE_BATCHES,
+from storage_service.protocol.produce_frames import (FRAME, HELLO, MAX_FRAME, METHOD_FETCH, METHOD_KV_PUT,
+                                                     METHOD_PRODUCE_BATCHES,
                                                      WireProtocolError, hello)
 from storage_service.server.produce_port import ProduceWireServer, recv_exact
 from storage_service.proto import rmq_pb2
@@ -602,6 +604,57 @@ def test_kv_calls_go_over_the_produce_port_and_answer_as_grpc_does(cluster, clie
     with Client(follower, timeout=30) as lone:
         assert lone.kv_get("kv-port", "a").value == b"two"
         assert lone.kv_get("kv-port", "a", follower_ok=True).value == b"two"
+
+
+def _send_frame(s: socket.socket, rid: int, method: int, body: bytes) -> None:
+    s.sendall(FRAME.pack(len(body), rid, method) + body)
+
+
+def _read_answer(s: socket.socket) -> tuple[int, int, bytes]:
+    length, rid, code = FRAME.unpack(recv_exact(s, FRAME.size))
+    return rid, code, bytes(recv_exact(s, length))
+
+
+def test_kv_puts_in_flight_together_on_one_connection(cluster, client):
+    """A put waits for its commit without holding its connection: frames sent after it
+    are read and answered meanwhile (bad input at once, while the put cannot commit),
+    and puts sent back to back on one connection are all stored, in the order sent."""
+    client.create_topic("kv-inflight", queues=1, cleanup_policy="compact")
+    client.kv_put("kv-inflight", "k", b"warm")
+    leader = _leader_of(client, "kv-inflight", 0)
+    followers = [i for i in range(cluster.nodes) if i != leader]
+
+    def put(value: bytes, key: bytes = b"k") -> bytes:
+        return rmq_pb2.KvPutRequest(topic="kv-inflight", key=key, value=value).SerializeToString()
+
+    with _connect(cluster, leader) as s:
+        s.settimeout(60)
+        for i in followers:
+            cluster.kill(i, signal.SIGSTOP)      # the put cannot commit while both are stopped
+        try:
+            _send_frame(s, 1, METHOD_KV_PUT, put(b"held"))
+            _send_frame(s, 2, METHOD_KV_PUT, put(b"x", key=b""))
+            rid, code, body = _read_answer(s)
+        finally:
+            for i in followers:
+                cluster.kill(i, signal.SIGCONT)
+        assert (rid, code) == (2, grpc.StatusCode.INVALID_ARGUMENT.value[0]), body
+        assert b"key is empty" in body
+        rid, code, body = _read_answer(s)
+        assert (rid, code) == (1, 0), body
+        held = rmq_pb2.KvPutResponse.FromString(body).revision
+
+        for n in range(20):                   # back to back, then the answers
+            _send_frame(s, 10 + n, METHOD_KV_PUT, put(b"v%d" % n))
+        answers = [_read_answer(s) for _ in range(20)]
+    assert sorted(rid for rid, _, _ in answers) == list(range(10, 30))
+    assert all(code == 0 for _, code, _ in answers), answers
+    revs = {rid: rmq_pb2.KvPutResponse.FromString(body).revision for rid, _, body in answers}
+    assert [revs[10 + n] for n in range(20)] == sorted(revs.values()) and min(revs.values()) > held
+    assert len(set(revs.values())) == 20
+    latest = client.kv_get("kv-inflight", "k")
+    assert (latest.value, latest.revision) == (b"v19", revs[29])
+    assert [e.value for e in client.kv_history("kv-inflight", "k")][-21:] == [b"held"] + [b"v%d" % n for n in range(20)]
 
 
 def test_a_node_whose_produce_port_predates_kv_is_asked_over_grpc():

@@ -12,6 +12,7 @@ leader's by what it has not applied yet).
 from __future__ import annotations
 
 import zlib
+from typing import Callable
 
 import grpc
 
@@ -24,7 +25,7 @@ from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
 from ..protocol.errors import ServiceError
 from .validate import check_block, check_topic_name, invalid
 
-__all__ = ["MAX_KEY_BYTES", "KvConflict", "kv_put", "kv_read"]
+__all__ = ["MAX_KEY_BYTES", "KvConflict", "kv_put", "kv_put_submit", "kv_read"]
 
 MAX_KEY_BYTES = 4096
 DEFAULT_LIMIT, MAX_LIMIT = 1000, 10_000
@@ -63,6 +64,13 @@ def _queue_of(cfg: dict, key: bytes) -> int:
 
 
 def kv_put(node, request: rmq_pb2.KvPutRequest) -> rmq_pb2.KvPutResponse:
+    return kv_put_submit(node, request)()
+
+
+def kv_put_submit(node, request: rmq_pb2.KvPutRequest) -> Callable[[], rmq_pb2.KvPutResponse]:
+    """Check a put and hand it to its group's committer; returns the wait for its answer
+    (the produce port's reader goes on reading meanwhile: ``produce_port._Answers``).
+    Bad input and a node that cannot take it raise here, before anything is submitted."""
     cfg = _kv_topic(node, request.topic)
     _check_key(request.key)
     if request.delete and request.value:
@@ -81,11 +89,14 @@ def kv_put(node, request: rmq_pb2.KvPutRequest) -> rmq_pb2.KvPutResponse:
     queue = _queue_of(cfg, request.key)
     g, fut = node.submit_produce(cfg, queue, block, 1, request.producer_id, request.sequence,
                                  condition=condition)
-    res = node.wait_produce(g, fut)
-    if res[0] == KV_CONFLICT:
-        asked = "no live value" if condition == ("absent",) else f"revision {request.if_revision}"
-        raise KvConflict(request.topic, request.key, res[1], asked)
-    return rmq_pb2.KvPutResponse(revision=res[0], duplicate=res[3])
+
+    def answer() -> rmq_pb2.KvPutResponse:
+        res = node.wait_produce(g, fut)
+        if res[0] == KV_CONFLICT:
+            asked = "no live value" if condition == ("absent",) else f"revision {request.if_revision}"
+            raise KvConflict(request.topic, request.key, res[1], asked)
+        return rmq_pb2.KvPutResponse(revision=res[0], duplicate=res[3])
+    return answer
 
 
 def _entry(e: KvEntry, queue: int) -> rmq_pb2.KvEntry:

@@ -34,6 +34,7 @@ RESOURCE_EXHAUSTED and closed) and closes one that sends nothing for
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -118,7 +119,7 @@ class ProduceWireServer:
                  fetch: Callable[[rmq_pb2.FetchRequest, tuple], bytes] | None = None,
                  submit: Callable[[rmq_pb2.ProduceBatchesRequest], list] | None = None,
                  finish: Callable[[rmq_pb2.ProduceBatchesRequest, list], rmq_pb2.ProduceBatchesResponse]
-                 | None = None, unary: dict | None = None):
+                 | None = None, unary: dict | None = None, deferred: dict | None = None):
         """``gate``: a secured node's ``authz.Gate``: a connection is authenticated by
         the token in its hello (or its client certificate) and each request checked
         as gRPC's ``ProduceBatches`` is (a fetch is checked by ``fetch`` itself).
@@ -126,9 +127,15 @@ class ProduceWireServer:
         ``submit_batches``/``finish_batches``): a connection then keeps reading while
         its requests commit (``_Answers``). ``unary``: method name -> ``fn(request)``
         answering KvPut and KvRead on the connection's thread (``server/kv.py``), each
-        request checked by ``gate`` as its gRPC call is."""
+        request checked by ``gate`` as its gRPC call is. ``deferred``: method name ->
+        ``fn(request)`` that submits the call and returns the wait for its answer
+        (``kv.kv_put_submit``): served so instead of by ``unary``, the connection's
+        reader goes on reading while the call commits, so one connection carries
+        several puts at once (from a client's threads) and they can share raft
+        entries (``_Answers`` sends the answers)."""
         self._handle = handle
         self._unary = unary or {}
+        self._deferred = {m: deferred[n] for m, n in METHOD_NAMES.items() if n in (deferred or {})}
         self._submit, self._finish = (submit, finish) if submit and finish else (None, None)
         self._fetch = fetch
         self._gate = gate
@@ -211,6 +218,10 @@ class ProduceWireServer:
                     code, reply = self._pipelined(frame, credentials, started, answers)
                     if reply is None:
                         continue                         # submitted: answered when committed
+                elif frame.code in self._deferred:
+                    code, reply = self._submit_unary(frame, credentials, started, answers)
+                    if reply is None:
+                        continue                         # submitted: answered when committed
                 else:
                     code, reply = self._answer(frame.code, frame.body, credentials)
                 self._count(frame.code, code, started)
@@ -254,7 +265,29 @@ class ProduceWireServer:
         except Exception:
             log.exception("ProduceBatches over the produce stream failed")
             return _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
-        answers.put(frame.request_id, request, submitted, started)
+        answers.put(frame.request_id, METHOD_PRODUCE_BATCHES, functools.partial(self._finish, request, submitted),
+                    started)
+        return 0, None
+
+    def _submit_unary(self, frame, credentials, started: float, answers: "_Answers") -> tuple[int, bytes | None]:
+        """A ``deferred`` call (a KvPut): checked and submitted here, its answer left to
+        ``answers``: (0, None); or the error to answer now (bad input, not allowed, not
+        the leader, at a limit: nothing was submitted)."""
+        name = METHOD_NAMES[frame.code]
+        try:
+            request = UNARY_REQUESTS[frame.code].FromString(frame.body)
+        except DecodeError as e:
+            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a {name}Request: {e}")
+        try:
+            if self._gate is not None:
+                self._gate.check_call(name, request, self._gate.principal(*credentials))
+            answer = self._deferred[frame.code](request)
+        except ServiceError as e:
+            return _error(e.code, e.message)
+        except Exception:
+            log.exception("%s over the produce stream failed", name)
+            return _error(grpc.StatusCode.INTERNAL, f"{name}: internal error (see node log)")
+        answers.put(frame.request_id, frame.code, answer, started)
         return 0, None
 
     def _produce_request(self, body: bytearray, credentials):
@@ -279,7 +312,7 @@ class ProduceWireServer:
         if method != METHOD_PRODUCE_BATCHES:
             served = {m: n for m, n in METHOD_NAMES.items()
                       if (m != METHOD_FETCH or self._fetch is not None)
-                      and (m not in UNARY_REQUESTS or n in self._unary)}
+                      and (m not in UNARY_REQUESTS or n in self._unary or m in self._deferred)}
             return _error(grpc.StatusCode.UNIMPLEMENTED,
                           f"method {method}: the produce stream serves "
                           + ", ".join(f"{m} ({n})" for m, n in sorted(served.items())))
@@ -355,8 +388,9 @@ class ProduceWireServer:
 
 
 class _Answers:
-    """A connection's produce requests in flight, answered in the order they came by a
-    thread of the connection's own while its reader goes on reading.
+    """A connection's submitted requests in flight (pipelined produce requests, key-value
+    puts), answered in the order they came by a thread of the connection's own while
+    its reader goes on reading.
 
     Requests of one connection are submitted in the order they arrive, so a
     producer's batches to one queue enter their group's raft log in order (a
@@ -371,11 +405,12 @@ class _Answers:
         self._queue: queue.Queue = queue.Queue(MAX_PIPELINED)
         self._thread: threading.Thread | None = None
 
-    def put(self, request_id: int, request, submitted: list, started: float) -> None:
+    def put(self, request_id: int, method: int, answer: Callable[[], object], started: float) -> None:
+        """``answer()``: the response message once committed (or it raises ServiceError)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="produce-wire-answers", daemon=True)
             self._thread.start()
-        self._queue.put((request_id, request, submitted, started))
+        self._queue.put((request_id, method, answer, started))
 
     def _run(self) -> None:
         srv, sending = self._server, True
@@ -383,15 +418,15 @@ class _Answers:
             item = self._queue.get()
             if item is None:
                 return
-            request_id, request, submitted, started = item
+            request_id, method, answer, started = item
             try:
-                code, body = 0, srv._finish(request, submitted).SerializeToString()
+                code, body = 0, answer().SerializeToString()
             except ServiceError as e:
                 code, body = _error(e.code, e.message)
             except Exception:
-                log.exception("ProduceBatches over the produce stream failed")
-                code, body = _error(grpc.StatusCode.INTERNAL, "ProduceBatches: internal error (see node log)")
-            srv._count(METHOD_PRODUCE_BATCHES, code, started)
+                log.exception("%s over the produce stream failed", METHOD_NAMES[method])
+                code, body = _error(grpc.StatusCode.INTERNAL, f"{METHOD_NAMES[method]}: internal error (see node log)")
+            srv._count(method, code, started)
             if sending:
                 try:
                     with self.lock:
