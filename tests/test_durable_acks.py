@@ -165,3 +165,40 @@ def test_a_leader_ignores_a_success_reply_of_another_term(follower):
     assert match[peer] == 0
     g.on_message(peer, dict(reply, term=3))
     assert match[peer] == 4
+
+
+class _Proposing:
+    """A group committer with an entry to propose in this tick."""
+    def will_propose(self) -> bool:
+        return True
+
+
+def test_a_commit_index_goes_with_the_next_append_or_alone_after_commit_notice(follower):
+    """After an apply the leader does not send an append just for the commit index when
+    an entry or a heartbeat follows within ``commit_notice``; when none does, it asks
+    for one (and the loop ticks the group then)."""
+    from storage_service.raft._pysyncobj import FOLLOWER, LEADER
+    g, loop, peer, events = follower
+    g.force_role(LEADER, 1)
+    applied, nothing = (lambda: True), (lambda: False)     # pysyncobj's apply: entries applied or not
+    t0 = time.monotonic()
+    assert g.on_apply_entries(applied) is False
+    due = g.commit_notice_due
+    assert due is not None and t0 + g.timing.commit_notice <= due <= time.monotonic() + g.timing.commit_notice
+    assert g.on_apply_entries(applied) is False and g.commit_notice_due == due   # the first apply's wait holds
+    g.tick_wanted, g.engine_poller().active, g._last_tick = False, False, due
+    assert not g.tick_due(due - 0.001, period=10.0) and g.tick_due(due, period=10.0)
+    g.commit_notice_due = time.monotonic() - 0.001           # the wait is over, nothing was sent
+    assert g.on_apply_entries(nothing) is True and g.commit_notice_due is None
+    assert g.on_apply_entries(nothing) is False and g.commit_notice_due is None
+
+    assert g.on_apply_entries(applied) is False and g.commit_notice_due is not None
+    g.on_send_appends(lambda: None)                          # a heartbeat or an entry carried it
+    assert g.commit_notice_due is None
+
+    g.set_committer(_Proposing())                            # an entry goes out in this very tick
+    assert g.on_apply_entries(applied) is False and g.commit_notice_due is None
+
+    g.force_role(FOLLOWER, 1)
+    g.commit_notice_due = time.monotonic() + 1
+    assert g.on_apply_entries(applied) is True and g.commit_notice_due is None    # (pysyncobj ignores it)

@@ -71,11 +71,16 @@ class StateMachine(Protocol):
 @dataclass(frozen=True)
 class RaftTiming:
     tick: float = 0.1                # max poll wait; commands wake the loop at once
-    # Heartbeat period. Commit indexes reach followers with the append after each
-    # apply, so this is only liveness: 0.1 s leaves 6-15 heartbeats per election
+    # Heartbeat period. Commit indexes reach followers with the next append, or
+    # alone ``commit_notice`` after the apply, so this is only liveness: 0.1 s leaves 6-15 heartbeats per election
     # timeout, and an idle node ticks half as often as at 0.05 s (~0.025 instead of
     # ~0.05 CPU s per node-second with 5 groups).
     append_period: float = 0.1
+    # A leader tells its followers a new commit index this long after it applied
+    # the entry, unless an append (a new entry, a heartbeat) carried it before
+    # (``RaftGroup.on_apply_entries``). Followers' applied state, which follower
+    # reads serve, trails the leader's by at most about this much more.
+    commit_notice: float = 0.005
     min_timeout: float = 0.6         # election timeout range
     max_timeout: float = 1.5
     compaction_entries: int = 2000   # snapshot after this many entries ...
@@ -141,6 +146,7 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
             # heartbeat: group commit already makes the entries big.
             appendEntriesUseBatch=False)
         self._committer = None
+        self.commit_notice_due: float | None = None   # leader: when to send the commit index alone
         self._loop = loop
         self._transfer = None            # (target raft address, deadline, sent) while handing over
         # The replica's initial members, recorded when it was created: a restart
@@ -251,13 +257,37 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
                     self.disk.met_shortage()
             self._warn(f"applying entry {self.raftLastApplied + 1} put off: {e}")
             return False
-        # pysyncobj sends an append after every apply only to tell followers
-        # the new commit index. When the committer proposes an entry later in
-        # this very tick, that entry's append carries the commit index: skip
-        # the extra message (and its reply) to each follower.
-        if need_send and self._committer is not None and self._committer.will_propose():
-            return False
-        return need_send
+        return self._commit_notice(need_send)
+
+    def _commit_notice(self, applied: bool) -> bool:
+        """Whether this tick should send appends to tell followers the commit index.
+
+        pysyncobj sends an append after every apply only for that: two messages
+        and two replies an entry, and a tick on each follower. The next append
+        carries the commit index anyway, so the leader waits up to
+        ``timing.commit_notice`` for one (an entry proposed meanwhile, a
+        heartbeat: ``on_send_appends`` clears the wait) and sends the commit
+        index alone only when none came. Under load entries follow each other
+        and no commit-only append is sent; a lone write's followers learn its
+        commit ``commit_notice`` later.
+        """
+        if not self.is_leading():
+            self.commit_notice_due = None
+            return applied
+        now = time.monotonic()
+        if applied and self.commit_notice_due is None and \
+                not (self._committer is not None and self._committer.will_propose()):
+            self.commit_notice_due = now + self.timing.commit_notice
+        if self.commit_notice_due is not None and now >= self.commit_notice_due:
+            self.commit_notice_due = None   # (sent now; or, transport not ready, with the next heartbeat)
+            return True
+        return False
+
+    def on_send_appends(self, base):
+        try:
+            return super().on_send_appends(base)
+        finally:
+            self.commit_notice_due = None   # every connected follower got the commit index
 
     def on_reply(self, node, reset=False, nextNodeIdx=None, success=False):
         if not success:
@@ -385,7 +415,8 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         timers are due: ``period`` passed (half of it on a leader, whose heartbeats
         go every ``append_period``)."""
         poller = self.engine_poller()
-        if self.tick_wanted or getattr(poller, "active", True) or \
+        due = self.commit_notice_due
+        if self.tick_wanted or getattr(poller, "active", True) or (due is not None and now >= due) or \
                 now - self._last_tick >= (period / 2 if self.is_leading() else period):
             self.tick_wanted = False
             poller.active = False

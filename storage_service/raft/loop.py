@@ -43,6 +43,7 @@ class LoopGroup(Protocol):
     group_id: int
     journal: DurableJournal
     raftCurrentTerm: int
+    commit_notice_due: float | None    # when the group wants a tick to send its commit index
 
     def tick(self, wait: float) -> bool: ...
     def tick_due(self, now: float, period: float) -> bool: ...
@@ -261,9 +262,14 @@ class RaftLoop:
             for g in self.groups:
                 if g.tick_due(now, self.tick):
                     g.tick(0.0)
+            wait = self.timer_period
+            for g in self.groups:
+                due = g.commit_notice_due
+                if due is not None:
+                    wait = min(wait, max(0.0, due - now))
             try:
                 self._send_ready_acks()
-                self.poller.poll(self.timer_period)
+                self.poller.poll(wait)
                 polled = time.monotonic()
                 self._send_ready_acks()
             except Exception:
