@@ -13,6 +13,7 @@ import pytest
 from rmq_spark.client import Client, FailedPrecondition, InvalidArgument, KvConflict, OutOfRange
 
 from .conftest import wait_until
+from .fixtures.make_datadir import applied_everywhere
 from .test_produce_wire import _leader_of
 
 pytestmark = pytest.mark.integration
@@ -330,6 +331,9 @@ def test_a_condition_meeting_a_rotten_batch_waits_for_its_repair_and_decides_as_
             for n in range(100):            # about 700 KB of other keys: sealed segments
                 c.produce("rot", [Message(b"x" * 200, key=b"k%d-%d" % (n, i)) for i in range(30)], queue=0)
             rev = c.kv_put("rot", "target", b"second", if_revision=first)
+            # node 0 opens its index deciding that write; followers learn a commit a moment
+            # after their leader
+            wait_until(lambda: applied_everywhere(c), timeout=60, what="every replica applied every entry")
         cluster.stop()
         victim = os.path.join(cluster.data_dir, "node-0")
         os.remove(glob.glob(os.path.join(victim, "group-1", "queues", "kv-index.sqlite3"))[0])

@@ -22,6 +22,14 @@ that cannot be opened is rebuilt the same way, queue by queue, when used.
 Tables: ``keys`` (the latest revision per key, live or deleted, and when a
 TTL makes it expire), ``revs`` (every revision still in the log: a key's
 history) and ``queues``.
+
+Rows indexed since the last write to SQLite wait in memory (at most
+``FLUSH_ROWS``): a compare-and-set is decided on every replica right after
+the append before it, and one SQLite transaction per decision (three
+B-tree pages written to the WAL) cost more than the rest of the decision.
+``state`` reads them first; every other read, and ``close``, writes them
+first. They are derived like the rest: lost in a crash, they are read from
+the log again (``queues.next`` only moves with them).
 """
 from __future__ import annotations
 
@@ -32,9 +40,11 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-__all__ = ["KeyState", "KvIndex", "prefix_end"]
+__all__ = ["FLUSH_ROWS", "KeyState", "KvIndex", "prefix_end"]
 
 log = logging.getLogger(__name__)
+FLUSH_ROWS = 1024           # rows held in memory before they are written to SQLite
+LOG_ROWS = 1000             # a catch-up reading at least this many messages is logged
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (q TEXT PRIMARY KEY, next INTEGER NOT NULL);
@@ -80,6 +90,10 @@ class KvIndex:
         self._db = self._connect()
         self._earliest: dict[str, int] = {}   # each queue's start when its rows were last cut to it
         self._ends: dict[str, int] = {}       # each queue's log end its rows were last brought to
+        self._next: dict[str, int] = {}       # where each queue's rows end, SQLite's and memory's (a cache)
+        # queue -> [{key: (rev, dead, expires)}, [(rev, key, dead)], next]: rows not in SQLite yet
+        self._unflushed: dict[str, list] = {}
+        self._unflushed_rows = 0              # how many (revs)
 
     def _connect(self) -> sqlite3.Connection:
         for attempt in (0, 1):
@@ -104,32 +118,54 @@ class KvIndex:
     # ------------------------------------------------------------ writes
     def record(self, q: str, rows: Iterable[tuple[int, bytes, bool, int]], next_offset: int) -> None:
         """Index an append to queue ``q``: ``(offset, key, deleted, expires_ms)`` per keyed
-        message, the log now ending at ``next_offset``."""
+        message, the log now ending at ``next_offset`` (held in memory: module doc)."""
         with self._lock:
+            held = self._unflushed.setdefault(q, [{}, [], 0])
+            for off, key, dead, expires in rows:
+                had = held[0].get(key)
+                if had is None or off > had[0]:
+                    held[0][key] = (off, dead, expires)
+                held[1].append((off, key, dead))
+                self._unflushed_rows += 1
+                if self._unflushed_rows >= FLUSH_ROWS:      # (a whole log indexed again: in pieces)
+                    held[2] = off + 1                        # indexed up to here
+                    self.flush()
+                    held = self._unflushed.setdefault(q, [{}, [], 0])
+            held[2] = next_offset
+            self._next[q] = next_offset
+
+    def flush(self) -> None:
+        """Write the rows held in memory to SQLite, in one transaction."""
+        with self._lock:
+            if not self._unflushed:
+                return
             db = self._db
             db.execute("BEGIN")
             try:
-                self._put_rows(q, rows)
-                db.execute("INSERT INTO queues (q, next) VALUES (?, ?) ON CONFLICT (q) DO UPDATE "
-                           "SET next = excluded.next", (q, next_offset))
+                for q, (latest, revs, next_offset) in self._unflushed.items():
+                    db.executemany(
+                        "INSERT INTO keys (q, key, rev, dead, expires) VALUES (?, ?, ?, ?, ?) "
+                        "ON CONFLICT (q, key) DO UPDATE SET rev = excluded.rev, dead = excluded.dead, "
+                        "expires = excluded.expires WHERE excluded.rev > keys.rev",
+                        [(q, key, off, int(dead), expires) for key, (off, dead, expires) in latest.items()])
+                    db.executemany("INSERT OR IGNORE INTO revs (q, key, rev, dead) VALUES (?, ?, ?, ?)",
+                                   [(q, key, off, int(dead)) for off, key, dead in revs])
+                    db.execute("INSERT INTO queues (q, next) VALUES (?, ?) ON CONFLICT (q) DO UPDATE "
+                               "SET next = excluded.next", (q, next_offset))
                 db.execute("COMMIT")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
-
-    def _put_rows(self, q: str, rows: Iterable[tuple[int, bytes, bool, int]]) -> None:
-        db = self._db
-        for off, key, dead, expires in rows:
-            db.execute("INSERT INTO keys (q, key, rev, dead, expires) VALUES (?, ?, ?, ?, ?) "
-                       "ON CONFLICT (q, key) DO UPDATE SET rev = excluded.rev, dead = excluded.dead, "
-                       "expires = excluded.expires WHERE excluded.rev > keys.rev",
-                       (q, key, off, int(dead), expires))
-            db.execute("INSERT OR IGNORE INTO revs (q, key, rev, dead) VALUES (?, ?, ?, ?)",
-                       (q, key, off, int(dead)))
+            self._unflushed.clear()
+            self._unflushed_rows = 0
 
     def indexed_to(self, q: str) -> int | None:
         with self._lock:
+            if q in self._next:
+                return self._next[q]
             row = self._db.execute("SELECT next FROM queues WHERE q = ?", (q,)).fetchone()
+            if row is not None:
+                self._next[q] = row[0]
         return None if row is None else row[0]
 
     def catch_up(self, q: str, earliest: int, next_offset: int,
@@ -153,13 +189,17 @@ class KvIndex:
             rows = list(scan(at))
             self.record(q, rows, next_offset)
             self._ends[q] = next_offset
-            if rows:
+            if len(rows) >= LOG_ROWS or (rows and at == earliest):
                 log.info("key index: queue %s indexed from offset %d (%d keyed messages)", q, at, len(rows))
             return len(rows)
 
     def forget(self, q: str) -> None:
         """Drop a queue's rows (a dropped queue, or one to index again)."""
         with self._lock:
+            held = self._unflushed.pop(q, None)
+            if held is not None:
+                self._unflushed_rows -= len(held[1])
+            self._next.pop(q, None)
             db = self._db
             db.execute("BEGIN")
             for table in ("keys", "revs", "queues"):
@@ -170,12 +210,17 @@ class KvIndex:
     def drop_revisions_below(self, q: str, earliest: int) -> None:
         """Retention moved the queue's start: revisions below it are gone from the log."""
         with self._lock:
+            self.flush()
             self._db.execute("DELETE FROM revs WHERE q = ? AND rev < ?", (q, earliest))
             self._db.execute("DELETE FROM keys WHERE q = ? AND rev < ?", (q, earliest))
 
     # ------------------------------------------------------------- reads
     def state(self, q: str, key: bytes) -> KeyState | None:
         with self._lock:
+            held = self._unflushed.get(q)
+            if held is not None and key in held[0]:
+                rev, dead, expires = held[0][key]
+                return KeyState(rev, bool(dead), expires)
             row = self._db.execute("SELECT rev, dead, expires FROM keys WHERE q = ? AND key = ?",
                                    (q, key)).fetchone()
         return None if row is None else KeyState(row[0], bool(row[1]), row[2])
@@ -183,11 +228,13 @@ class KvIndex:
     def history(self, q: str, key: bytes, limit: int = 1000) -> list[tuple[int, bool]]:
         """(revision, deleted) of the key's revisions still in the log, oldest first."""
         with self._lock:
+            self.flush()
             return [(r, bool(d)) for r, d in self._db.execute(
                 "SELECT rev, dead FROM revs WHERE q = ? AND key = ? ORDER BY rev LIMIT ?", (q, key, limit))]
 
     def oldest_revision(self, q: str, key: bytes) -> int | None:
         with self._lock:
+            self.flush()
             row = self._db.execute("SELECT min(rev) FROM revs WHERE q = ? AND key = ?", (q, key)).fetchone()
         return row[0]
 
@@ -205,15 +252,21 @@ class KvIndex:
         sql += " ORDER BY key LIMIT ?"
         args.append(limit)
         with self._lock:
+            self.flush()
             return [(bytes(k), r) for k, r in self._db.execute(sql, args)]
 
     def expired(self, now_ms: int, limit: int = 1000) -> list[tuple[str, bytes, int]]:
         """(queue, key, revision) of live keys whose TTL ran out by ``now_ms``."""
         with self._lock:
+            self.flush()
             return [(q, bytes(k), r) for q, k, r in self._db.execute(
                 "SELECT q, key, rev FROM keys WHERE expires > 0 AND dead = 0 AND expires <= ? LIMIT ?",
                 (now_ms, limit))]
 
     def close(self) -> None:
         with self._lock:
+            try:
+                self.flush()
+            except sqlite3.Error as e:           # (read from the log again at the next start)
+                log.warning("key index %s: rows not written at close (%s)", self.path, e)
             self._db.close()

@@ -196,3 +196,61 @@ def test_a_replayed_conditional_write_found_in_an_older_segment_answers_as_store
         assert st.kv.get(Q, b"k", now_ms=0).revision == stored[0]
     finally:
         st.close()
+
+
+def _sqlite_keys(root: str) -> int:
+    """Keys SQLite holds (another connection: what a crash would leave)."""
+    import sqlite3
+    db = sqlite3.connect(os.path.join(root, "kv-index.sqlite3"))
+    try:
+        return db.execute("SELECT count(*) FROM keys").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_rows_held_in_memory_answer_at_once_and_a_crash_reads_them_from_the_log_again(tmp_path, monkeypatch):
+    from storage_service.statemachine import kv_index
+
+    root = str(tmp_path / "a")
+    st = DataState(root, fsync=False)
+    w = Writer(st)
+    try:
+        r = rev(w.put(b"k", b"v0", ("absent",)))
+        for i in range(1, 6):                      # each decided on the row the last one left in memory
+            r = rev(w.put(b"k", b"v%d" % i, ("revision", r)))
+        assert w.put(b"k", b"x", ("revision", r - 1)) == (KV_CONFLICT, r)
+        assert _sqlite_keys(root) == 0             # nothing written to SQLite yet
+        assert [e.value for e in st.kv.history(Q, b"k")] == [b"v%d" % i for i in range(6)]   # written first
+        assert _sqlite_keys(root) == 1
+        monkeypatch.setattr(kv_index, "FLUSH_ROWS", 8)
+        for i in range(10):
+            rev(w.put(f"n{i}".encode(), b"v", ("absent",)))
+        assert _sqlite_keys(root) >= 8             # written once 8 rows waited
+    finally:
+        st.close()
+    # the rest at close: all but n9, which is indexed when the queue is next read or decided on
+    assert _sqlite_keys(root) == 10
+
+    pid = os.fork()                                # a node that dies with rows in memory
+    if pid == 0:
+        code = 1
+        try:
+            crashed = DataState(root, fsync=False)
+            w.states = (crashed,)
+            r2 = r
+            for i in range(3):
+                r2 = rev(w.put(b"k", b"after%d" % i, ("revision", r2)))
+            code = 0
+        finally:
+            os._exit(code)                         # no close: the rows in memory are lost
+    assert os.waitpid(pid, 0)[1] == 0
+    st = DataState(root, fsync=False)
+    try:
+        w.states = (st,)
+        w.index += 3
+        got = st.kv.get(Q, b"k", now_ms=0)
+        assert got.value == b"after2" and got.revision > r
+        assert w.put(b"k", b"x", ("revision", r)) == (KV_CONFLICT, got.revision)
+        assert rev(w.put(b"k", b"next", ("revision", got.revision))) > got.revision
+    finally:
+        st.close()
