@@ -16,6 +16,7 @@ import pytest
 from pysyncobj.node import TCPNode
 
 from storage_service.local import free_port_block
+from storage_service.log.diskspace import Shortage
 from storage_service.statemachine.meta import MetaState
 from storage_service.raft.group import RaftGroup, RaftLoop, capped_match_index
 
@@ -202,3 +203,11 @@ def test_a_commit_index_goes_with_the_next_append_or_alone_after_commit_notice(f
     g.force_role(FOLLOWER, 1)
     g.commit_notice_due = time.monotonic() + 1
     assert g.on_apply_entries(applied) is True and g.commit_notice_due is None    # (pysyncobj ignores it)
+
+    def short():
+        raise Shortage("no space left")
+    g.commit_notice_due = time.monotonic() - 1       # set while leading; the apply is put off
+    assert g.on_apply_entries(short) is False and g.commit_notice_due is None
+    g.force_role(LEADER, 1)
+    g.commit_notice_due = time.monotonic() - 1
+    assert g.on_apply_entries(short) is True and g.commit_notice_due is None     # still told

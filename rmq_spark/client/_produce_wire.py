@@ -14,7 +14,9 @@ bigger than a frame may be (gRPC then names the limit).
 and waits for it: the reply, or None when the port did not answer it and the
 caller should ask over gRPC (see ``fetch``).
 
-A connection answers its requests in order, so a transport keeps up to
+A connection answers its requests in order (but for key-value puts, which
+the node answers as they commit: answers are matched by request id), so a
+transport keeps up to
 ``max_connections`` of them for produce requests, as many again for fetches
 (never mixed: see ``__init__``), and gives each request one with nothing in
 flight when it can. A request past its deadline fails with

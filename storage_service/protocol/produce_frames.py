@@ -17,8 +17,10 @@ authenticates the connection by it (``security/authz.py``), as gRPC calls by
 their ``authorization`` metadata. Flag 2 (``FLAG_PIPELINED``): the client keeps
 several produce requests in flight on the connection; the node submits them in
 the order they come and reads on while they commit (``Client.producer``).
-Without it the node answers a request before it reads the next. A node's
-hello has no flags.
+Without it the node answers a request before it reads the next, except a
+KvPut: it is submitted and answered once it commits, and the node reads on
+meanwhile, so a KvPut's answer may come after those of requests sent after
+it. A node's hello has no flags.
 
 In a request, ``code`` is the method and the body its request message:
 1 = ProduceBatches (a ``ProduceBatchesRequest``), 2 = Fetch (a
@@ -30,8 +32,9 @@ the body a UTF-8 message saying what was wrong (the call failed as a whole;
 per-batch errors are outcomes, as over gRPC). A frame longer than ``MAX_FRAME`` or a
 hello that does not match is answered with an error frame (request id 0) and
 the connection is closed: after a bad length the stream cannot be trusted.
-Requests on one connection are answered in order; a client wanting several
-in flight opens several connections.
+Answers are matched to requests by request id. Requests on one connection
+are answered in order, but for KvPuts (see above); a client wanting several
+produce or fetch requests in flight opens several connections.
 """
 from __future__ import annotations
 

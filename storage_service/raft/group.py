@@ -256,7 +256,7 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
                 if self.disk is not None:
                     self.disk.met_shortage()
             self._warn(f"applying entry {self.raftLastApplied + 1} put off: {e}")
-            return False
+            return self._commit_notice(False)
         return self._commit_notice(need_send)
 
     def _commit_notice(self, applied: bool) -> bool:
@@ -274,6 +274,8 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         if not self.is_leading():
             self.commit_notice_due = None
             return applied
+        if not self.peers:
+            return False                    # no follower to tell
         now = time.monotonic()
         if applied and self.commit_notice_due is None and \
                 not (self._committer is not None and self._committer.will_propose()):
@@ -373,7 +375,7 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
 
         pysyncobj sets the next index to just past the acknowledged entry even
         when later entries are already on their way, so the next append
-        (sent after every apply, for the commit index) carried those entries
+        (then sent after every apply, for the commit index) carried those entries
         again: with two entries in flight about every second entry went out
         twice, 100 KiB+ each, and the follower answered both copies.
         """
@@ -436,6 +438,12 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         except Exception:
             log.exception("group %d: tick failed", self.group_id)
             return False
+        finally:
+            # A due notice this tick did not settle (it failed, or never reached the
+            # apply) must not make the loop tick the group at once, again and again.
+            due = self.commit_notice_due
+            if due is not None and time.monotonic() >= due:
+                self.commit_notice_due = None
 
     # --------------------------------------------------------------- status
     @property

@@ -262,7 +262,7 @@ class RaftLoop:
             for g in self.groups:
                 if g.tick_due(now, self.tick):
                     g.tick(0.0)
-            wait = self.timer_period
+            wait, now = self.timer_period, time.monotonic()
             for g in self.groups:
                 due = g.commit_notice_due
                 if due is not None:

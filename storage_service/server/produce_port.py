@@ -67,7 +67,7 @@ METHOD_NAMES = {METHOD_PRODUCE_BATCHES: "ProduceBatches", METHOD_FETCH: "Fetch",
                 METHOD_KV_READ: "KvRead"}
 UNARY_REQUESTS = {METHOD_KV_PUT: rmq_pb2.KvPutRequest, METHOD_KV_READ: rmq_pb2.KvReadRequest}
 HANDSHAKE_SECONDS = 10.0    # TLS: a peer that does not finish its handshake gives its slot back
-MAX_PIPELINED = 32          # produce requests in flight per connection before its reader waits
+MAX_PIPELINED = 32          # submitted requests in flight per connection before its reader waits
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -105,9 +105,11 @@ class ProduceWireServer:
     """Serves ``ProduceBatches`` and ``Fetch`` frames on one TCP port, a thread per connection.
 
     ``handle(request) -> response`` is the servicer's ProduceBatches (it raises
-    ``ServiceError`` for a request that fails as a whole). A connection's
-    thread blocks in ``handle`` while its batches commit, as a gRPC worker
-    thread does; requests of other connections run meanwhile.
+    ``ServiceError`` for a request that fails as a whole). On a connection
+    that does not pipeline, its thread blocks in ``handle`` while its batches
+    commit, as a gRPC worker thread does; requests of other connections run
+    meanwhile. Pipelined produce requests and KvPuts are submitted by the
+    connection's thread and answered by its answer thread (``_Answers``).
     ``fetch(request, credentials) -> bytes`` answers a ``FetchRequest`` with the
     encoded ``FetchResponse`` and raises ``CallFailed`` (None: the port answers
     Fetch UNIMPLEMENTED and clients fetch over gRPC).
