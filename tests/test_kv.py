@@ -70,6 +70,9 @@ def test_bad_input_and_a_non_compact_topic_are_refused_naming_what_is_wrong(kv):
         c.kv_put("cfg", b"", b"v")
     with pytest.raises(InvalidArgument, match="the limit is 4096 bytes"):
         c.kv_put("cfg", b"k" * 5000, b"v")
+    with pytest.raises(InvalidArgument, match=r"value is 4194304 bytes; .* the limit is 4194304 bytes"):
+        c.kv_put("cfg", "big", b"v" * (4 << 20))
+    assert c.kv_get("cfg", "big") is None
     with pytest.raises(InvalidArgument, match="if_revision=-3 is negative"):
         c.kv_put("cfg", "k", b"v", if_revision=-3)
     with pytest.raises(InvalidArgument, match="give one condition"):
