@@ -236,7 +236,11 @@ class ProduceWireServer:
             pass                             # the client closed between frames
         except WireProtocolError as e:
             log.warning("produce stream from %s: %s; closing it", _peer(conn), e)
-            _try_send_error(conn, e.code, str(e))
+            if answers is None:
+                _try_send_error(conn, e.code, str(e))
+            else:
+                with answers.lock:           # (not inside an answer frame its answer thread is sending)
+                    _try_send_error(conn, e.code, str(e))
         except ssl.SSLError as e:            # a plaintext client, or a certificate refused
             log.info("produce stream from %s: TLS handshake failed (%s); closing it", _peer(plain),
                      e.reason or e)
