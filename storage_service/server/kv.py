@@ -23,7 +23,7 @@ from ..protocol import records
 from ..statemachine.data import queue_dir
 from ..statemachine.kv import EXPIRES_PROPERTY, KV_CONFLICT, KvEntry
 from ..protocol.errors import ServiceError
-from .validate import check_one_message, check_topic_name, invalid
+from .validate import check_batch_bytes, check_topic_name, invalid
 
 __all__ = ["MAX_KEY_BYTES", "KvConflict", "kv_put", "kv_put_submit", "kv_read"]
 
@@ -89,9 +89,9 @@ def kv_put_submit(node, request: rmq_pb2.KvPutRequest) -> Callable[[], rmq_pb2.K
                                                        for k, v in (props or [{}])[0].items())
     limit = node.config.max_message_bytes
     if size > limit:
-        raise invalid(f"value is {len(request.value)} bytes; with its key the message is {size} bytes and "
-                      f"the limit is {limit} bytes (the node's --max-message-bytes)")
-    check_one_message(node, size, len(block))      # (what check_block finds, without parsing it back)
+        raise invalid(f"value is {len(request.value)} bytes; the message (key, value and TTL) is {size} bytes "
+                      f"and the limit is {limit} bytes (the node's --max-message-bytes)")
+    check_batch_bytes(node, len(block))     # (with the size above, what check_block finds, without a parse)
     queue = _queue_of(cfg, request.key)
     g, fut = node.submit_produce(cfg, queue, block, 1, request.producer_id, request.sequence,
                                  condition=condition)

@@ -398,12 +398,17 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         the entries); a raft snapshot must first sync them all, on the node's
         raft thread. Left to pile up between snapshots, that was 60-180 ms per
         snapshot (tens of MB) during which no group of the node made progress.
+        The same pass (under any ``--fsync``) writes each group's key index rows
+        held in memory past ``kv_index.FLUSH_SECONDS`` to SQLite.
         """
-        if self.config.fsync != "always":
-            return
         while not self._stopping.wait(self.config.segment_sync_interval):
             for st in list(self.states.values()):
-                st.sync_behind()
+                if self.config.fsync == "always":
+                    st.sync_behind()
+                try:
+                    st.flush_kv_index()      # (also: key index rows held in memory, kv_index.py)
+                except Exception as e:       # (sqlite3.Error: the rows are read from the log again)
+                    log.warning("group data %s: key index rows not written (%s)", st.root, e)
 
     # ----------------------------------------------------------------- status
     def local_status(self) -> rmq_pb2.NodeStatus:

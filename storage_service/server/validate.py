@@ -125,7 +125,7 @@ def validate_spread(node, request, round_robin: int) -> tuple[dict, list[tuple[i
         check_block(node, cfg, cols, at)
         size += cols.size
         parts.append((q, block, len(at)))
-    _check_batch_bytes(node, size)
+    check_batch_bytes(node, size)
     return cfg, parts
 
 
@@ -172,7 +172,7 @@ def check_block(node, cfg: dict, cols: records.Columns, index: list[int] | None 
     sizes = cols.message_sizes()
     big = int(sizes.argmax())
     check_message_bytes(node, big if index is None else index[big], int(sizes[big]))
-    _check_batch_bytes(node, cols.size)
+    check_batch_bytes(node, cols.size)
     if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
         i = int(keyless.argmax())
         raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
@@ -187,14 +187,8 @@ def check_message_bytes(node, i: int, size: int) -> None:
                            f"message {i} is {size} bytes; the limit is {limit} bytes")
 
 
-def check_one_message(node, size: int, block_bytes: int) -> None:
-    """``check_block`` for a block of one keyed message the node encoded itself (a
-    key-value put): its size and the block's, without parsing the block."""
-    check_message_bytes(node, 0, size)
-    _check_batch_bytes(node, block_bytes)
-
-
-def _check_batch_bytes(node, size: int) -> None:
+def check_batch_bytes(node, size: int) -> None:
+    """A request's (or block's) bytes against the node's batch limit."""
     if size > node.config.max_batch_bytes:
         raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                            f"request carries {size} bytes; the batch limit is "

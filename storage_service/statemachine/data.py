@@ -293,6 +293,12 @@ class DataState:
         """Sync every queue from a background thread (``QueueLog.sync_behind``)."""
         self._sync_all(QueueLog.sync_behind)
 
+    def flush_kv_index(self) -> None:
+        """Write the key index's rows held in memory for ``FLUSH_SECONDS`` to SQLite
+        (``KvIndex.flush_held``; a background thread)."""
+        if self._kv is not None:
+            self._kv.index.flush_held()
+
     def _sync_all(self, sync) -> None:
         try:
             self.dirs.sync()              # new queues' directories (``DirSyncs``)

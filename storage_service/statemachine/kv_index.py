@@ -28,8 +28,14 @@ Rows indexed since the last write to SQLite wait in memory (at most
 the append before it, and one SQLite transaction per decision (three
 B-tree pages written to the WAL) cost more than the rest of the decision.
 ``state`` reads them first; every other read, and ``close``, writes them
-first. They are derived like the rest: lost in a crash, they are read from
-the log again (``queues.next`` only moves with them).
+first, and so does the node's segment-sync thread once they have waited
+``FLUSH_SECONDS`` (``flush_held``). They are derived like the rest: lost in
+a crash, they are read from the log again (``queues.next`` only moves with
+them). The bound on their age matters: compaction leaves the index alone,
+and a tombstone past its topic's ``delete_retention_ms`` may leave the log;
+an index that lost its row (and read the log again after it was gone)
+would take the key for live. SQLite's own unsynced commits carry the same
+risk for a power loss, within the kernel's writeback delay.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -44,6 +51,7 @@ __all__ = ["FLUSH_ROWS", "KeyState", "KvIndex", "prefix_end"]
 
 log = logging.getLogger(__name__)
 FLUSH_ROWS = 1024           # rows held in memory before they are written to SQLite
+FLUSH_SECONDS = 1.0         # ... or for this long (``flush_held``, from the node's segment-sync thread)
 LOG_ROWS = 1000             # a catch-up reading at least this many messages is logged
 
 _SCHEMA = """
@@ -94,6 +102,7 @@ class KvIndex:
         # queue -> [{key: (rev, dead, expires)}, [(rev, key, dead)], next]: rows not in SQLite yet
         self._unflushed: dict[str, list] = {}
         self._unflushed_rows = 0              # how many (revs)
+        self._held_since: float | None = None   # monotonic time the oldest held row came
 
     def _connect(self) -> sqlite3.Connection:
         for attempt in (0, 1):
@@ -121,6 +130,8 @@ class KvIndex:
         message, the log now ending at ``next_offset`` (held in memory: module doc)."""
         with self._lock:
             held = self._unflushed.setdefault(q, [{}, [], 0])
+            if self._held_since is None:
+                self._held_since = time.monotonic()
             for off, key, dead, expires in rows:
                 had = held[0].get(key)
                 if had is None or off > had[0]:
@@ -134,10 +145,20 @@ class KvIndex:
             held[2] = next_offset
             self._next[q] = next_offset
 
+    def flush_held(self, older_than: float | None = None) -> None:
+        """``flush`` if the oldest row held has waited ``older_than`` (``FLUSH_SECONDS``) seconds."""
+        wait = FLUSH_SECONDS if older_than is None else older_than
+        with self._lock:
+            if self._held_since is not None and time.monotonic() - self._held_since >= wait:
+                self.flush()
+
     def flush(self) -> None:
-        """Write the rows held in memory to SQLite, in one transaction."""
+        """Write the rows held in memory to SQLite, in one transaction. If that fails
+        they are dropped (with the offsets they reached: read from the log again at
+        the next use), so a failing disk does not pile them up, and the error raised."""
         with self._lock:
             if not self._unflushed:
+                self._held_since = None
                 return
             db = self._db
             db.execute("BEGIN")
@@ -154,10 +175,18 @@ class KvIndex:
                                "SET next = excluded.next", (q, next_offset))
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:        # (SQLite may have rolled back already: disk full, I/O)
+                    db.execute("ROLLBACK")
+                for q in self._unflushed:
+                    self._next.pop(q, None)
+                    self._ends.pop(q, None)
+                self._unflushed.clear()
+                self._unflushed_rows = 0
+                self._held_since = None
                 raise
             self._unflushed.clear()
             self._unflushed_rows = 0
+            self._held_since = None
 
     def indexed_to(self, q: str) -> int | None:
         with self._lock:
@@ -202,10 +231,16 @@ class KvIndex:
             self._next.pop(q, None)
             db = self._db
             db.execute("BEGIN")
-            for table in ("keys", "revs", "queues"):
-                db.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
-            db.execute("COMMIT")
-            self._ends.pop(q, None)
+            try:
+                for table in ("keys", "revs", "queues"):
+                    db.execute(f"DELETE FROM {table} WHERE q = ?", (q,))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            finally:
+                self._ends.pop(q, None)
 
     def drop_revisions_below(self, q: str, earliest: int) -> None:
         """Retention moved the queue's start: revisions below it are gone from the log."""
