@@ -72,8 +72,8 @@ class StateMachine(Protocol):
 class RaftTiming:
     tick: float = 0.1                # max poll wait; commands wake the loop at once
     # Heartbeat period. Commit indexes reach followers with the next append, or
-    # alone ``commit_notice`` after the apply, so this is only liveness: 0.1 s leaves 6-15 heartbeats per election
-    # timeout, and an idle node ticks half as often as at 0.05 s (~0.025 instead of
+    # alone ``commit_notice`` after the apply, so this is only liveness: 0.1 s
+    # leaves 6-15 heartbeats per election timeout, and an idle node ticks half as often as at 0.05 s (~0.025 instead of
     # ~0.05 CPU s per node-second with 5 groups).
     append_period: float = 0.1
     # A leader tells its followers a new commit index this long after it applied

@@ -83,10 +83,10 @@ def kv_put_submit(node, request: rmq_pb2.KvPutRequest) -> Callable[[], rmq_pb2.K
     if request.ttl_ms < 0 or (request.ttl_ms and request.delete):
         raise invalid(f"ttl_ms={request.ttl_ms}: give 0 (no expiry) or more, and none on a delete")
     condition = ("revision", request.if_revision) if has_rev else ("absent",) if request.if_absent else None
-    props = [{EXPIRES_PROPERTY: str(node.now_ms() + request.ttl_ms)}] if request.ttl_ms else None
+    expires = str(node.now_ms() + request.ttl_ms) if request.ttl_ms else None
+    props = [{EXPIRES_PROPERTY: expires}] if expires else None
     block = records.encode([None if request.delete else request.value], [request.key], properties=props)
-    size = len(request.key) + len(request.value) + sum(len(k.encode()) + len(v.encode())
-                                                       for k, v in (props or [{}])[0].items())
+    size = len(request.key) + len(request.value) + (len(EXPIRES_PROPERTY) + len(expires) if expires else 0)
     limit = node.config.max_message_bytes
     if size > limit:
         raise invalid(f"value is {len(request.value)} bytes; the message (key, value and TTL) is {size} bytes "

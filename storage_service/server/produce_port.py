@@ -279,22 +279,29 @@ class ProduceWireServer:
         """A ``deferred`` call (a KvPut): checked and submitted here, its answer left to
         ``answers``: (0, None); or the error to answer now (bad input, not allowed, not
         the leader, at a limit: nothing was submitted)."""
-        name = METHOD_NAMES[frame.code]
+        code, answer = self._call_unary(frame.code, frame.body, credentials, self._deferred[frame.code])
+        if code:
+            return code, answer
+        answers.put(frame.request_id, frame.code, answer, started)
+        return 0, None
+
+    def _call_unary(self, method: int, body: bytearray, credentials, fn) -> tuple[int, object]:
+        """``(0, fn(request))`` for a key-value frame, decoded and checked by the gate as
+        its gRPC call is; or ``(code, message)``, the error to answer."""
+        name = METHOD_NAMES[method]
         try:
-            request = UNARY_REQUESTS[frame.code].FromString(frame.body)
+            request = UNARY_REQUESTS[method].FromString(body)
         except DecodeError as e:
             return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a {name}Request: {e}")
         try:
             if self._gate is not None:
                 self._gate.check_call(name, request, self._gate.principal(*credentials))
-            answer = self._deferred[frame.code](request)
+            return 0, fn(request)
         except ServiceError as e:
             return _error(e.code, e.message)
         except Exception:
             log.exception("%s over the produce stream failed", name)
             return _error(grpc.StatusCode.INTERNAL, f"{name}: internal error (see node log)")
-        answers.put(frame.request_id, frame.code, answer, started)
-        return 0, None
 
     def _produce_request(self, body: bytearray, credentials):
         """(the ProduceBatchesRequest, None), or (None, the error to answer)."""
@@ -336,20 +343,8 @@ class ProduceWireServer:
     def _answer_unary(self, method: int, body: bytearray, credentials) -> tuple[int, bytes]:
         """A key-value call, answered here as the servicer answers it over gRPC: a
         gRPC worker would block in it just the same (a put waits for its commit)."""
-        name = METHOD_NAMES[method]
-        try:
-            request = UNARY_REQUESTS[method].FromString(body)
-        except DecodeError as e:
-            return _error(grpc.StatusCode.INVALID_ARGUMENT, f"body is not a {name}Request: {e}")
-        try:
-            if self._gate is not None:
-                self._gate.check_call(name, request, self._gate.principal(*credentials))
-            return 0, self._unary[name](request).SerializeToString()
-        except ServiceError as e:
-            return _error(e.code, e.message)
-        except Exception:
-            log.exception("%s over the produce stream failed", name)
-            return _error(grpc.StatusCode.INTERNAL, f"{name}: internal error (see node log)")
+        code, out = self._call_unary(method, body, credentials, self._unary[METHOD_NAMES[method]])
+        return (code, out) if code else (0, out.SerializeToString())
 
     def _answer_fetch(self, body: bytearray, credentials) -> tuple[int, bytes]:
         from .dispatch import CallFailed

@@ -169,22 +169,18 @@ def parse_block(block: bytes, count: int) -> records.Columns:
 def check_block(node, cfg: dict, cols: records.Columns, index: list[int] | None = None) -> None:
     """A block's messages against the node's limits and the topic's policy; ``index``: the
     request's number of each message, where the block is a part of the request."""
+    limit = node.config.max_message_bytes
     sizes = cols.message_sizes()
     big = int(sizes.argmax())
-    check_message_bytes(node, big if index is None else index[big], int(sizes[big]))
+    if sizes[big] > limit:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"message {big if index is None else index[big]} is {int(sizes[big])} bytes; "
+                           f"the limit is {limit} bytes")
     check_batch_bytes(node, cols.size)
     if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
         i = int(keyless.argmax())
         raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
                       f"a key (message {i if index is None else index[i]} of the batch has none)")
-
-
-def check_message_bytes(node, i: int, size: int) -> None:
-    """Message ``i`` of ``size`` bytes (key, value, tags and properties) against the node's limit."""
-    limit = node.config.max_message_bytes
-    if size > limit:
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"message {i} is {size} bytes; the limit is {limit} bytes")
 
 
 def check_batch_bytes(node, size: int) -> None:

@@ -180,13 +180,11 @@ class KvIndex:
                 for q in self._unflushed:
                     self._next.pop(q, None)
                     self._ends.pop(q, None)
+                raise
+            finally:
                 self._unflushed.clear()
                 self._unflushed_rows = 0
                 self._held_since = None
-                raise
-            self._unflushed.clear()
-            self._unflushed_rows = 0
-            self._held_since = None
 
     def indexed_to(self, q: str) -> int | None:
         with self._lock:

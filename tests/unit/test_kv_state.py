@@ -270,36 +270,32 @@ class _FailingWrites:
         return getattr(self._db, name)
 
 
-def test_held_rows_are_written_once_they_waited_and_a_failed_write_drops_them_to_the_log(tmp_path, monkeypatch):
+def test_held_rows_are_written_once_they_waited_and_a_failed_write_drops_them_to_the_log(state, monkeypatch):
     import sqlite3
 
     from storage_service.statemachine import kv_index
 
-    root = str(tmp_path / "a")
-    st = DataState(root, fsync=False)
+    st, root = state, state.root
     w = Writer(st)
-    try:
-        r = rev(w.put(b"k", b"v0", ("absent",)))
-        r = rev(w.put(b"k", b"v1", ("revision", r)))
-        index = st.kv.index
-        index.flush_held(older_than=3600)           # not waited that long: still held
-        assert _sqlite_keys(root) == 0
-        monkeypatch.setattr(kv_index, "FLUSH_SECONDS", 0.0)
-        st.flush_kv_index()                         # the node's segment-sync pass, FLUSH_SECONDS later
-        assert _sqlite_keys(root) == 1 and index._held_since is None
+    r = rev(w.put(b"k", b"v0", ("absent",)))
+    r = rev(w.put(b"k", b"v1", ("revision", r)))
+    index = st.kv.index
+    index.flush_held(older_than=3600)           # not waited that long: still held
+    assert _sqlite_keys(root) == 0
+    monkeypatch.setattr(kv_index, "FLUSH_SECONDS", 0.0)
+    st.flush_kv_index()                         # the node's segment-sync pass, FLUSH_SECONDS later
+    assert _sqlite_keys(root) == 1 and index._held_since is None
 
-        r = rev(w.put(b"k", b"v2", ("revision", r)))
-        r = rev(w.put(b"k", b"v3", ("revision", r)))   # v2's row held in memory
-        real = index._db
-        index._db = _FailingWrites(real)
-        with pytest.raises(sqlite3.OperationalError):
-            index.flush()
-        index._db = real
-        assert index._unflushed_rows == 0 and not index._unflushed   # dropped, not piled up
-        assert not index._db.in_transaction
-        # read from the log again at the next use: the same decisions as before
-        assert w.put(b"k", b"x", ("revision", r - 1)) == (KV_CONFLICT, r)
-        assert st.kv.get(Q, b"k", now_ms=0).value == b"v3"
-        assert [e.value for e in st.kv.history(Q, b"k")] == [b"v0", b"v1", b"v2", b"v3"]
-    finally:
-        st.close()
+    r = rev(w.put(b"k", b"v2", ("revision", r)))
+    r = rev(w.put(b"k", b"v3", ("revision", r)))   # v2's row held in memory
+    real = index._db
+    index._db = _FailingWrites(real)
+    with pytest.raises(sqlite3.OperationalError):
+        index.flush()
+    index._db = real
+    assert index._unflushed_rows == 0 and not index._unflushed   # dropped, not piled up
+    assert not index._db.in_transaction
+    # read from the log again at the next use: the same decisions as before
+    assert w.put(b"k", b"x", ("revision", r - 1)) == (KV_CONFLICT, r)
+    assert st.kv.get(Q, b"k", now_ms=0).value == b"v3"
+    assert [e.value for e in st.kv.history(Q, b"k")] == [b"v0", b"v1", b"v2", b"v3"]
