@@ -2,7 +2,9 @@
 (a mixin of ``RaftGroup``; ``group.py`` says why): entries it already holds are
 skipped and only a real conflict truncates (a stale, shorter copy never does), and
 a follower whose disk is below its reserve takes the bookkeeping of an append but
-not its entries, the leader pausing its appends to it meanwhile.
+not its entries, the leader pausing its appends to it meanwhile; it says so again
+with heartbeats, and a leader that a majority could not follow refuses writes
+(``replicas_without_room``, used by ``server/writes.py``).
 """
 from __future__ import annotations
 
@@ -30,8 +32,28 @@ class FollowerAppends:
         self.deliver(node, self._heartbeat(message, prev_idx))
         self.on_reply(node, False, prev_idx + 1, True)
         # The leader would send the whole backlog again with every heartbeat.
-        self.raft_send(node, {"type": "no_room", "term": message["term"]})
+        self._say_no_room(node, message["term"])
         return None
+
+    def _still_no_room(self, node, message) -> None:
+        """A heartbeat while the disk is below its reserve: the leader hears again, at
+        most every third of ``NO_ROOM_PAUSE``, that this replica takes no entries, so
+        it knows before it sends any and refuses writes that could not reach a
+        majority (``replicas_without_room``) instead of taking them into its journal."""
+        if time.monotonic() - self._no_room_said >= NO_ROOM_PAUSE / 3:
+            self._say_no_room(node, message["term"])
+
+    def _say_no_room(self, node, term: int) -> None:
+        self._no_room_said = time.monotonic()
+        self.raft_send(node, {"type": "no_room", "term": term, "why": self.disk.shortfall()})
+
+    def replicas_without_room(self) -> dict:
+        """Leader: the followers that said within ``NO_ROOM_PAUSE`` that their disk is
+        below its reserve (raft address -> what they said)."""
+        now = time.monotonic()
+        voters = self.peers
+        return {n.address: self._no_room_why.get(n, "below its disk reserve")
+                for n, until in list(self._no_room_until.items()) if until > now and n in voters}
 
     def on_send_appends(self, base):
         """Appends, except that a follower which said it has no room (``_no_room``) gets

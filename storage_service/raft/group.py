@@ -108,6 +108,8 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         self.damaged_put_offs = 0        # applies put off until a damaged queue is repaired
         self.refused_appends = 0         # appends not taken for want of space
         self._no_room_until: dict = {}   # leader: follower node -> monotonic time its pause ends
+        self._no_room_why: dict = {}     # leader: follower node -> the shortfall it reported
+        self._no_room_said = 0.0         # follower: when it last told the leader it has no room
         self._warned = 0.0
         self.state = state
         self.timing = timing
@@ -349,12 +351,16 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         if message.get("type") == "no_room":
             if message.get("term") == self.raftCurrentTerm:
                 self._no_room_until[node] = time.monotonic() + NO_ROOM_PAUSE
+                self._no_room_why[node] = message.get("why") or "below its disk reserve"
             return
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
-            if message.get("entries") and self.disk is not None and self.disk.low():
-                message = self._no_room(node, message)
-                if message is None:
-                    return
+            if self.disk is not None and self.disk.low():
+                if message.get("entries"):
+                    message = self._no_room(node, message)
+                    if message is None:
+                        return
+                else:
+                    self._still_no_room(node, message)
             if "prevLogIdx" in message and "transmission" not in message:
                 message = self._reconcile_append(node, message)
             elif message.get("serialized") is not None:

@@ -16,7 +16,7 @@ from typing import Callable
 import grpc
 
 from ..metrics import NodeMetrics
-from ..protocol.placement import META_GROUP
+from ..protocol.placement import META_GROUP, grpc_address
 from ..raft.group import RaftGroup
 from ..raft.groupcommit import CommitFailed
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
@@ -73,9 +73,12 @@ class NodeWrites:
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
         A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
         g = self.group_of(cfg["name"], queue, cfg)
-        self.require_leader(g)
+        raft = self.require_leader(g)
         if self.disk.low():
             raise NodeFull(self.disk.describe(self.config.address))
+        short = raft.replicas_without_room()
+        if short:
+            self._require_room_on_a_majority(g, raft, short)
         committer = self.committers[g]
         waiting = committer.waiting_bytes()
         if waiting + len(block) > self.config.max_commit_backlog and waiting:
@@ -86,6 +89,19 @@ class NodeWrites:
         if self.metrics is not None:
             fut.add_done_callback(functools.partial(_count_produced, self.metrics, len(block)))
         return g, fut
+
+    @staticmethod
+    def _require_room_on_a_majority(g: int, raft: RaftGroup, short: dict) -> None:
+        """NodeFull when the followers that said they are below their disk reserve
+        leave fewer replicas than a majority to take a write: it could not commit,
+        and would only wait in this leader's journal (and memory) for its timeout."""
+        replicas = len(raft.peers) + 1
+        if replicas - len(short) > replicas // 2:
+            return
+        said = "; ".join(f"node {grpc_address(a)}: {why}" for a, why in sorted(short.items()))
+        raise NodeFull(f"group {g}: {len(short)} of its {replicas} replicas take no new entries, "
+                       f"leaving no majority to commit a write ({said}); produce is refused "
+                       "until space is freed there")
 
     def _await(self, raft: RaftGroup, wait: Callable[[float], bool]) -> bool:
         """``wait(t)`` in slices until it is True (done) or commit_timeout passes (False).
