@@ -163,6 +163,23 @@ def _scrapes(cluster: LocalCluster) -> dict:
     return out
 
 
+def _thread_cpu(cluster: LocalCluster) -> dict[str, float]:
+    """CPU seconds by thread role, summed over the nodes (``rmq_thread_cpu_seconds_total``)."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from storage_service.protocol.placement import http_address
+    out: dict[str, float] = {}
+    for a in cluster.addresses:
+        text = requests.get(f"http://{http_address(a)}/metrics", timeout=30).text
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "rmq_thread_cpu_seconds":
+                for s in fam.samples:
+                    if s.name.endswith("_total"):
+                        out[s.labels["thread"]] = out.get(s.labels["thread"], 0.0) + s.value
+    return out
+
+
 def _cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -257,9 +274,11 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
         while time.time() < t0:
             time.sleep(0.005)
         cpu0 = [_cpu_s(p) for p in pids]
+        roles0 = _thread_cpu(cluster)
         while time.time() < t1:
             time.sleep(0.005)
         cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
+        roles = {r: (v - roles0.get(r, 0.0)) / seconds for r, v in _thread_cpu(cluster).items()}
         outs = []
         for p in procs:
             out, _ = p.communicate(timeout=120)
@@ -274,9 +293,11 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
                    cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
                    call_p50_ms=1e3 * lat[len(lat) // 2] if lat else float("nan"),
                    call_p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
-                   leaders=leaders)
+                   leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005})
         say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
             f"{row['cpu_us_per_msg']:.1f} us/msg, cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
+        say("    cores by thread, all nodes: " + ", ".join(
+            f"{r} {v:.2f}" for r, v in sorted(row["thread_cores"].items(), key=lambda kv: -kv[1])[:6]))
         return row
     finally:
         if own:
@@ -299,6 +320,26 @@ def nodes_table(rows: list[dict]) -> str:
                    f"{r['msgs_per_s']:,.0f} | {r['msgs_per_s'] / b['msgs_per_s']:.2f} | {r['cpu_us_per_msg']:.1f} | "
                    f"{r['cpu_us_per_msg'] / b['cpu_us_per_msg']:.2f} | {r['cores_mean']:.2f} | {r['cores_max']:.2f} | "
                    f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {r['leaders'][0]}-{r['leaders'][1]} |")
+    return "\n".join(out)
+
+
+def threads_table(rows: list[dict]) -> str:
+    """Node CPU per acked message by thread role (``rmq_thread_cpu_seconds_total``): where a
+    row's extra cost over the first row went."""
+    top: dict[str, float] = {}
+    for r in rows:
+        for role, cores in r.get("thread_cores", {}).items():
+            top[role] = max(top.get(role, 0.0), cores)
+    roles = [role for role, _ in sorted(top.items(), key=lambda kv: -kv[1])[:7]]
+    head = ["nodes", "producers", "offered msgs/s"] + [f"{role} us/msg" for role in roles] + ["other us/msg"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        per = {role: 1e6 * cores / r["msgs_per_s"] for role, cores in r.get("thread_cores", {}).items()} \
+            if r["msgs_per_s"] else {}
+        other = sum(v for role, v in per.items() if role not in roles)
+        offered = f"{r['offered']:,.0f}" if r["offered"] else "max"
+        out.append(f"| {r['nodes']} | {r['producers']} | {offered} | "
+                   + " | ".join(f"{per.get(role, 0.0):.1f}" for role in roles) + f" | {other:.1f} |")
     return "\n".join(out)
 
 
@@ -395,6 +436,8 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
           f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
           f"ratios against the first row of the same producers and load kind")
     print(nodes_table(rows))
+    print("\nNode CPU per acked message by thread role, summed over the nodes (rmq_thread_cpu_seconds_total):")
+    print(threads_table(rows))
     return rows
 
 

@@ -91,10 +91,12 @@ def _http_server(server: AsyncServer, node: StorageNode, taken: set[str], ssl_co
     from .http.api import add_routes
     from .http.server import HttpServer
     from .metrics.state import StateCollector
+    from .metrics.threads import ThreadCpu
 
     c = node.config
     if node.metrics is not None:
         node.metrics.register(StateCollector(node, c.metrics_max_queue_series, server))
+        node.metrics.register(ThreadCpu())
     if not c.http:
         return None
     address = http_address(c.address)

@@ -54,8 +54,15 @@ def test_metrics_parse_and_counters_rise_by_what_was_produced(cluster, client, t
     for expected in ("rmq_request_duration_seconds_bucket", "rmq_raft_term", "rmq_raft_commit_index",
                      "rmq_raft_applied_index", "rmq_raft_leader", "rmq_raft_journal_fsync_seconds_count",
                      "rmq_raft_snapshots_total", "rmq_process_resident_memory_bytes",
-                     "rmq_process_open_fds", "rmq_process_cpu_seconds_total", "rmq_topic_bytes"):
+                     "rmq_process_open_fds", "rmq_process_cpu_seconds_total", "rmq_topic_bytes",
+                     "rmq_thread_cpu_seconds_total"):
         assert expected in names, expected
+    # CPU by thread role: the raft loop and its syncer are there, by role, on every node
+    for i in range(3):
+        roles = {dict(lab)["thread"]: v for (n, lab), v in scrape(cluster, i).items()
+                 if n == "rmq_thread_cpu_seconds_total"}
+        assert {"raft-node", "raft-node-sync", "segment-sync"} <= set(roles), roles
+        assert roles["raft-node"] > 0, roles
     # every raft group has exactly one leader among the nodes' views
     leaders = {}
     for i in range(3):

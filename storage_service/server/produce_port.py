@@ -47,6 +47,7 @@ from typing import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from ..metrics.threads import note_thread_exit
 from ..proto import rmq_pb2
 from ..protocol.produce_frames import (FLAG_PIPELINED, FLAG_TOKEN, HELLO, MAX_FRAME, MAX_TOKEN, METHOD_FETCH,
                                        METHOD_KV_PUT, METHOD_KV_READ, METHOD_PRODUCE_BATCHES, TOKEN_LEN, FrameReader, PeerClosed,
@@ -252,6 +253,7 @@ class ProduceWireServer:
             with self._lock:
                 self._conns.discard(plain)
             conn.close()
+            note_thread_exit()
 
     def _count(self, method: int, code: int, started: float) -> None:
         if self._metrics is not None and method in METHOD_NAMES:
@@ -418,6 +420,7 @@ class _Answers:
         while True:
             item = self._queue.get()
             if item is None:
+                note_thread_exit()
                 return
             request_id, method, answer, started = item
             try:
