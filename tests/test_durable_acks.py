@@ -211,3 +211,25 @@ def test_a_commit_index_goes_with_the_next_append_or_alone_after_commit_notice(f
     g.force_role(LEADER, 1)
     g.commit_notice_due = time.monotonic() - 1
     assert g.on_apply_entries(short) is True and g.commit_notice_due is None     # still told
+
+
+def test_a_held_reply_sends_its_lease_stamp_alone_only_when_the_sync_is_slow(follower):
+    """A reply waiting for its sync carries the leader's lease stamp back once durable;
+    a lease_ack goes ahead alone only if the wait passes LEASE_ACK_AFTER (a slow disk),
+    once per held reply: no message (and leader tick) an entry on a quick disk."""
+    from storage_service.raft.loop import LEASE_ACK_AFTER
+
+    g, loop, leader, events = follower
+    g.on_message(leader, dict(_append(1, 0, _entries(2, 4)), lt=123.0))     # held: the syncer is off
+    lease_acks = lambda: [m for kind, m in events if kind == "reply" and m.get("type") == "lease_ack"]  # noqa: E731
+    loop._send_ready_acks()
+    assert _success_replies(events) == [] and lease_acks() == []
+    later = time.monotonic() + LEASE_ACK_AFTER + 0.001
+    loop._send_ready_acks(now=later)
+    assert [(m["term"], m["lt"]) for m in lease_acks()] == [(1, 123.0)]
+    loop._send_ready_acks(now=later + 1)
+    assert len(lease_acks()) == 1                       # once per held reply
+    g.journal.sync_behind()
+    loop._send_ready_acks()
+    replies = [m for kind, m in events if kind == "reply" and m.get("success")]
+    assert [(m["next_node_idx"], m["lt"]) for m in replies] == [(5, 123.0)]

@@ -7,9 +7,9 @@ deposes a healthy leader. This mixin (``RaftGroup`` inherits it) adds:
 
 * **Lease.** Every append a leader sends carries its monotonic send time
   (``lt``). A follower echoes the newest one it received in its replies; when
-  a success reply must wait for an fsync (or the reply is a refusal), a small
-  ``lease_ack`` carries the echo at once, so a slow disk does not cost the
-  leader its lease. Once a majority (the leader counts itself) echoed a
+  a success reply waits for an fsync longer than ``loop.LEASE_ACK_AFTER``
+  (50 ms), or the reply is a refusal, a small ``lease_ack`` carries the echo
+  alone, so a slow disk does not cost the leader its lease. Once a majority (the leader counts itself) echoed a
   time ``t`` of the current term, no other node can become leader before
   ``t + min_timeout`` (stickiness, below): the leader holds a lease until
   ``t + LEASE_FRACTION * min_timeout``. ``read_ready`` is the check a leader

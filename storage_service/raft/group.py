@@ -301,10 +301,8 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         if nextNodeIdx is None:
             nextNodeIdx = self.journal.last_idx + 1
         if self._loop is not None and self._loop.running:
-            if self.journal.durable_idx < nextNodeIdx - 1:
-                self._loop.request_sync(self)          # done at once when the disk is quick
-                if self.journal.durable_idx < nextNodeIdx - 1:
-                    self.send_lease_ack(node, self.raftCurrentTerm)    # the reply waits for a sync
+            # Sent once durable (at once when the disk is quick and the syncer idle); a
+            # lease stamp goes ahead alone if that takes long (loop.LEASE_ACK_AFTER).
             self._loop.defer_ack(self, node, reset, nextNodeIdx)
             return
         self.journal.sync()

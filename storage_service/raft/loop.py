@@ -36,6 +36,12 @@ WARN_LATE = 0.3      # a hold-up this long is logged
 # the loop after cost ~4 thread switches (GIL hand-overs) each, more than the sync.
 INLINE_SYNC_S = 0.0005
 INLINE_SYNC_BYTES = 64 << 10     # ... and it has at most this much to write back
+# A follower's success reply held for a sync carries the leader's lease stamp back
+# (election.py). Held longer than this (a slow disk), the stamp goes ahead alone (a
+# lease_ack), so the leader keeps its lease (0.48 s past a stamp) whatever the disk.
+# Not at once: a quick sync's reply carries it a few ms later anyway, and an ack
+# sent for every held reply was a message, and a leader tick, an entry for nothing.
+LEASE_ACK_AFTER = 0.05
 
 
 class LoopGroup(Protocol):
@@ -50,6 +56,7 @@ class LoopGroup(Protocol):
     def want_tick(self) -> None: ...
     def wake(self) -> None: ...
     def send_success(self, node, reset: bool, next_idx: int, term: int) -> None: ...
+    def send_lease_ack(self, node, term: int) -> None: ...
 
 
 def capped_match_index(match: dict, durable_idx: int) -> dict:
@@ -195,17 +202,20 @@ class RaftLoop:
                 self._sync_wanted.notify()
 
     def defer_ack(self, group: "LoopGroup", node, reset: bool, next_idx: int) -> None:
-        """Send a follower's success reply once the entries it covers are durable (loop thread)."""
-        self._acks.append((group, node, reset, next_idx, group.journal.truncations, group.raftCurrentTerm))
+        """Send a follower's success reply once the entries it covers are durable (loop
+        thread); its lease stamp alone if that takes over ``LEASE_ACK_AFTER``."""
+        self._acks.append((group, node, reset, next_idx, group.journal.truncations, group.raftCurrentTerm,
+                           time.monotonic() + LEASE_ACK_AFTER))
         if group.journal.durable_idx < next_idx - 1:
             self.request_sync(group)
 
-    def _send_ready_acks(self) -> None:
+    def _send_ready_acks(self, now: float | None = None) -> None:
         if not self._acks:
             return
+        now = time.monotonic() if now is None else now
         waiting = []
         for ack in self._acks:
-            g, node, reset, next_idx, truncations, term = ack
+            g, node, reset, next_idx, truncations, term, lease_due = ack
             if g.journal.truncations != truncations or g.raftCurrentTerm != term:
                 # The entries it covers were dropped, or a newer term began
                 # (a leader of that term must not count it): replies are
@@ -213,8 +223,11 @@ class RaftLoop:
                 continue
             if g.journal.durable_idx >= next_idx - 1:
                 g.send_success(node, reset, next_idx, term)
-            else:
-                waiting.append(ack)
+                continue
+            if lease_due is not None and now >= lease_due:
+                g.send_lease_ack(node, term)         # the sync is slow: the stamp goes ahead
+                ack = ack[:6] + (None,)
+            waiting.append(ack)
         self._acks = waiting
 
     def _sync_journals(self) -> None:
