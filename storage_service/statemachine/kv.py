@@ -21,7 +21,9 @@ expiry by the entry's store time, never by a replica's own clock.
 """
 from __future__ import annotations
 
+import collections
 import os
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -35,6 +37,10 @@ __all__ = ["EXPIRES_PROPERTY", "KV_CONFLICT", "KvEntry", "KvStore", "keyed_rows"
 EXPIRES_PROPERTY = "rmq.kv.expires"
 KV_CONFLICT = "kv_conflict"        # a produce result: (KV_CONFLICT, current revision or -1)
 _READ_BYTES = 1 << 20
+# Entries a group's store keeps after reading them (keys and values, plus an
+# estimate of the objects around them): a get of a hot key reads no segment.
+VALUE_CACHE_BYTES = 8 << 20
+_ENTRY_OVERHEAD = 200
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,52 @@ def keyed_rows(q: QueueLog, start: int, end: int) -> Iterator[tuple[int, bytes, 
         at = nxt
 
 
+class _Recent:
+    """Entries read lately, by (queue, revision), least recently used dropped first.
+
+    A revision names one message for good: offsets are never reused within a
+    queue's incarnation (the queue's name carries it), and a replica's log holds
+    committed entries only, which a repair or a snapshot replaces with the same
+    ones. So an entry kept here never goes stale; only retention removes it from
+    the log, and ``read`` checks the queue's bounds before it looks here.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _size(e: KvEntry) -> int:
+        return len(e.key) + len(e.value or b"") + _ENTRY_OVERHEAD
+
+    def get(self, name: str, revision: int) -> KvEntry | None:
+        with self._lock:
+            e = self._entries.get((name, revision))
+            if e is not None:
+                self._entries.move_to_end((name, revision))
+            return e
+
+    def put(self, name: str, e: KvEntry) -> None:
+        size = self._size(e)
+        if size > self.max_bytes // 8:
+            return                              # a big value would push out many small ones
+        with self._lock:
+            if (name, e.revision) in self._entries:
+                return
+            self._entries[(name, e.revision)] = e
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self._bytes -= self._size(old)
+
+    def drop(self, name: str) -> None:
+        with self._lock:
+            for k in [k for k in self._entries if k[0] == name]:
+                self._bytes -= self._size(self._entries.pop(k))
+
+
 class KvStore:
     """The key-value view of one data group's queues (module doc)."""
 
@@ -83,6 +135,7 @@ class KvStore:
         self.index = KvIndex(os.path.join(root, "kv-index.sqlite3"))
         self._queue = queue
         self._on_damaged = on_damaged
+        self._recent = _Recent(VALUE_CACHE_BYTES)
 
     def _current(self, name: str, q: QueueLog) -> None:
         """Index ``name`` up to its log's end. The log's bounds are read under the index
@@ -133,6 +186,14 @@ class KvStore:
         q = self._queue(name)
         if q is None or revision < q.earliest or revision >= q.next_offset:
             return None
+        e = self._recent.get(name, revision)
+        if e is None:
+            e = self._read(name, q, revision)
+            if e is not None:
+                self._recent.put(name, e)
+        return e
+
+    def _read(self, name: str, q: QueueLog, revision: int) -> KvEntry | None:
         # The one batch holding the revision (max_bytes 1: not a megabyte parsed per get),
         # found by its neighbours' headers when that is sure, else read batch by batch.
         try:
@@ -195,6 +256,7 @@ class KvStore:
     # ----------------------------------------------------- log changes
     def dropped(self, name: str) -> None:
         self.index.forget(name)
+        self._recent.drop(name)
 
     def truncated(self, name: str, earliest: int) -> None:
         self.index.drop_revisions_below(name, earliest)

@@ -299,3 +299,36 @@ def test_held_rows_are_written_once_they_waited_and_a_failed_write_drops_them_to
     assert w.put(b"k", b"x", ("revision", r - 1)) == (KV_CONFLICT, r)
     assert st.kv.get(Q, b"k", now_ms=0).value == b"v3"
     assert [e.value for e in st.kv.history(Q, b"k")] == [b"v0", b"v1", b"v2", b"v3"]
+
+
+def test_a_get_of_a_recent_entry_reads_no_segment_and_the_bound_holds(state, monkeypatch):
+    """Entries read lately are kept (a revision names one message for good), so a hot
+    key's get reads no segment; the kept bytes stay under the bound, least recently
+    used dropped first; a revision the log no longer holds is not served from memory."""
+    from storage_service.statemachine import kv as kv_mod
+
+    w = Writer(state)
+    r = rev(w.put(b"hot", b"v" * 100))
+    first = state.kv.get(Q, b"hot", now_ms=2000)
+    q = state.queue(Q)
+    reads = []
+    real = type(q).batch_holding
+    monkeypatch.setattr(type(q), "batch_holding", lambda self, off: reads.append(off) or real(self, off))
+    assert state.kv.get(Q, b"hot", now_ms=2000) == first and reads == []
+    assert state.kv.get(Q, b"hot", now_ms=2000, revision=r) == first and reads == []
+
+    recent = state.kv._recent
+    monkeypatch.setattr(recent, "max_bytes", 20 * (100 + 10 + kv_mod._ENTRY_OVERHEAD))
+    keys = [b"k%03d" % i for i in range(60)]
+    for k in keys:
+        w.put(k, b"v" * 100)
+    for k in keys:
+        assert state.kv.get(Q, k, now_ms=2000).value == b"v" * 100
+    assert recent._bytes <= recent.max_bytes and 15 <= len(recent._entries) <= 20
+    assert (Q, r) not in recent._entries                   # the oldest went first
+    reads.clear()
+    assert state.kv.get(Q, keys[-1], now_ms=2000).value == b"v" * 100 and reads == []
+
+    last = state.kv.state(Q, keys[-1]).revision
+    monkeypatch.setattr(type(q), "earliest", property(lambda self: self.next_offset))    # retention cut it all
+    assert state.kv.read(Q, last) is None
