@@ -245,6 +245,8 @@ class DataState:
             parts = framing.frame_parts(base, ts, count, position, item.records)
             size = sum(map(len, parts))
             q.append(parts, framing.BatchHeader(0, size, base, ts, count, position, base + count - 1))
+            if self._kv is not None:
+                self._kv.appended(qname, q, base, count, item.records)
         if producer:
             self._remember(qname, producer, seq, base, count, ts)
         return (base, count, ts, False)

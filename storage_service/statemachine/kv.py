@@ -40,6 +40,7 @@ _READ_BYTES = 1 << 20
 # Entries a group's store keeps after reading them (keys and values, plus an
 # estimate of the objects around them): a get of a hot key reads no segment.
 VALUE_CACHE_BYTES = 8 << 20
+APPENDED_ROWS = 16        # batches of at most this many messages are indexed as they are applied
 _ENTRY_OVERHEAD = 200
 
 
@@ -172,6 +173,18 @@ class KvStore:
         else:
             ok = live and st.revision == condition[1]
         return None if ok else (KV_CONFLICT, st.revision if live else -1)
+
+    def appended(self, name: str, q: QueueLog, base: int, count: int, block: bytes) -> None:
+        """A batch was appended to ``name`` at ``base`` (apply): its keyed rows go to the
+        index from the block in hand when the index is current to ``base``, so the next
+        condition or get reads no log. Small batches only (a key-value write is one
+        message): a big producer batch to a compact topic is indexed when next used."""
+        if count > APPENDED_ROWS:
+            return
+        cols = records.parse(block, count, check=False)
+        rows = [(base + delta, key, value is None, _expires(props))
+                for delta, key, value, _tags, props, _born in records.iter_rows(cols) if key is not None]
+        self.index.extend(name, q.earliest, base, rows, base + count)
 
     # ------------------------------------------------------------- reads
     def state(self, name: str, key: bytes) -> KeyState | None:
