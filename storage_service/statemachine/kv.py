@@ -60,6 +60,15 @@ def _expires(props: dict) -> int:
         return 0
 
 
+def _rows(block, count: int) -> list:
+    """``records.iter_rows`` of an applied block of few messages; one message (a
+    key-value write) read with ``struct`` alone: ``parse``'s numpy calls cost more."""
+    if count == 1:
+        row = records.row_at(block, 1, records.last_delta(block, 1))
+        return [] if row is None else [row]
+    return list(records.iter_rows(records.parse(block, count, check=False)))
+
+
 def keyed_rows(q: QueueLog, start: int, end: int) -> Iterator[tuple[int, bytes, bool, int]]:
     """(offset, key, deleted, expires_ms) of every keyed message of ``q`` in [start, end)."""
     at = max(start, q.earliest)
@@ -161,8 +170,7 @@ class KvStore:
                ts: int) -> tuple | None:
         """None if a conditional write may be stored at store time ``ts``, else
         ``(KV_CONFLICT, current revision or -1)``."""
-        cols = records.parse(block, count, check=False)
-        key = next(records.iter_rows(cols))[1]
+        key = _rows(block, count)[0][1]
         self._current(name, q)
         st = self.index.state(name, key) if key is not None else None
         live = st is not None and st.live(ts)
@@ -181,9 +189,8 @@ class KvStore:
         message): a big producer batch to a compact topic is indexed when next used."""
         if count > APPENDED_ROWS:
             return
-        cols = records.parse(block, count, check=False)
         rows = [(base + delta, key, value is None, _expires(props))
-                for delta, key, value, _tags, props, _born in records.iter_rows(cols) if key is not None]
+                for delta, key, value, _tags, props, _born in _rows(block, count) if key is not None]
         self.index.extend(name, q.earliest, base, rows, base + count)
 
     # ------------------------------------------------------------- reads
