@@ -52,8 +52,7 @@ class FollowerAppends:
         below its reserve (raft address -> what they said)."""
         now = time.monotonic()
         voters = self.peers
-        return {n.address: self._no_room_why.get(n, "below its disk reserve")
-                for n, until in list(self._no_room_until.items()) if until > now and n in voters}
+        return {n.address: self._no_room_why[n] for n, until in list(self._no_room_until.items()) if until > now and n in voters}
 
     def on_send_appends(self, base):
         """Appends, except that a follower which said it has no room (``_no_room``) gets

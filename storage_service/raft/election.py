@@ -9,8 +9,8 @@ deposes a healthy leader. This mixin (``RaftGroup`` inherits it) adds:
   (``lt``). A follower echoes the newest one it received in its replies; when
   a success reply waits for an fsync longer than ``loop.LEASE_ACK_AFTER``
   (50 ms), or the reply is a refusal, a small ``lease_ack`` carries the echo
-  alone, so a slow disk does not cost the leader its lease. Once a majority (the leader counts itself) echoed a
-  time ``t`` of the current term, no other node can become leader before
+  alone, so a slow disk does not cost the leader its lease. Once a majority
+  (the leader counts itself) echoed a time ``t`` of the current term, no other node can become leader before
   ``t + min_timeout`` (stickiness, below): the leader holds a lease until
   ``t + LEASE_FRACTION * min_timeout``. ``read_ready`` is the check a leader
   read makes: leader, lease running, and an entry of its own term applied

@@ -73,8 +73,8 @@ class RaftTiming:
     tick: float = 0.1                # max poll wait; commands wake the loop at once
     # Heartbeat period. Commit indexes reach followers with the next append, or
     # alone ``commit_notice`` after the apply, so this is only liveness: 0.1 s
-    # leaves 6-15 heartbeats per election timeout, and an idle node ticks half as often as at 0.05 s (~0.025 instead of
-    # ~0.05 CPU s per node-second with 5 groups).
+    # leaves 6-15 heartbeats per election timeout, and an idle node ticks half as
+    # often as at 0.05 s (~0.025 instead of ~0.05 CPU s per node-second with 5 groups).
     append_period: float = 0.1
     # A leader tells its followers a new commit index this long after it applied
     # the entry, unless an append (a new entry, a heartbeat) carried it before
@@ -349,7 +349,7 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
         if message.get("type") == "no_room":
             if message.get("term") == self.raftCurrentTerm:
                 self._no_room_until[node] = time.monotonic() + NO_ROOM_PAUSE
-                self._no_room_why[node] = message.get("why") or "below its disk reserve"
+                self._no_room_why[node] = message.get("why") or "its disk is below its reserve"
             return
         if message.get("type") == "append_entries" and message["term"] >= self.raftCurrentTerm:
             if self.disk is not None and self.disk.low():

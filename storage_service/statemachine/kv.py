@@ -189,9 +189,9 @@ class KvStore:
         message): a big producer batch to a compact topic is indexed when next used."""
         if count > APPENDED_ROWS:
             return
-        rows = [(base + delta, key, value is None, _expires(props))
-                for delta, key, value, _tags, props, _born in _rows(block, count) if key is not None]
-        self.index.extend(name, q.earliest, base, rows, base + count)
+        self.index.extend(name, q.earliest, base, lambda: [
+            (base + delta, key, value is None, _expires(props))
+            for delta, key, value, _tags, props, _born in _rows(block, count) if key is not None], base + count)
 
     # ------------------------------------------------------------- reads
     def state(self, name: str, key: bytes) -> KeyState | None:

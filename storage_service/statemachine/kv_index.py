@@ -220,15 +220,17 @@ class KvIndex:
                 log.info("key index: queue %s indexed from offset %d (%d keyed messages)", q, at, len(rows))
             return len(rows)
 
-    def extend(self, q: str, earliest: int, start: int, rows: list, next_offset: int) -> bool:
-        """Index an append of ``[start, next_offset)`` from its rows in hand, if the rows
-        already reach exactly ``start`` of this log (``catch_up`` brought them there or an
-        ``extend`` did): what ``catch_up`` would read back from the log. False (nothing
-        done) otherwise: the next use catches up from the log."""
+    def extend(self, q: str, earliest: int, start: int,
+               rows: "callable[[], Iterable[tuple[int, bytes, bool, int]]]", next_offset: int) -> bool:
+        """Index an append of ``[start, next_offset)`` from its rows in hand (``rows()``,
+        called only then), if the rows already reach exactly ``start`` of this log
+        (``catch_up`` brought them there or an ``extend`` did): what ``catch_up`` would
+        read back from the log. False (nothing done) otherwise: the next use catches up
+        from the log."""
         with self._lock:
             if self._ends.get(q) != start or self._earliest.get(q) != earliest:
                 return False
-            self.record(q, rows, next_offset)
+            self.record(q, rows(), next_offset)
             self._ends[q] = next_offset
             return True
 
