@@ -114,6 +114,9 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         self.states: dict[int, DataState] = {}
         self.committers: dict[int, GroupCommitter] = {}
         self._channels: dict[str, grpc.Channel] = {}
+        # One stub per peer: building one makes a callable per RPC (33), and the
+        # controller asks every node's status each pass.
+        self._stubs: dict[str, rmq_pb2_grpc.MessageLogStub] = {}
         self._channels_lock = threading.Lock()
         # TLS to peers: read once at start (a file rotated later must not fail a peer call)
         self._peer_credentials = None if config.tls is None else channel_credentials(config.tls)
@@ -360,6 +363,9 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
     # ------------------------------------------------------------ peer access
     def stub(self, address: str) -> rmq_pb2_grpc.MessageLogStub:
         """A peer's service; with TLS on its cluster port, as this node (its certificate)."""
+        stub = self._stubs.get(address)
+        if stub is not None:
+            return stub
         with self._channels_lock:
             ch = self._channels.get(address)
             if ch is None:
@@ -367,7 +373,8 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
                     grpc.insecure_channel(address, options=GRPC_OPTIONS) if self.config.tls is None
                     else grpc.secure_channel(cluster_address(address), self._peer_credentials,
                                              options=GRPC_OPTIONS))
-        return rmq_pb2_grpc.MessageLogStub(ch)
+            stub = self._stubs[address] = rmq_pb2_grpc.MessageLogStub(ch)
+        return stub
 
     def fetch_from_peers(self, qname: str, start: int, end: int) -> bytes:
         """Committed batches [start, end) of a queue from a replica that has them (peers.py)."""
@@ -459,4 +466,5 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         with self._channels_lock:
             for ch in self._channels.values():
                 ch.close()
+            self._stubs.clear()
         self._dir_lock.release()
