@@ -88,8 +88,10 @@ class PollCrowd:
             err = fut.exception()
             if err is not None:
                 self.errors[err.code().name] += 1
-                if len(self.error_details) < 5:
-                    self.error_details.append(f"{err.code().name}: {err.details()}")
+                if len(self.error_details) < 5:     # how long it waited tells a refused stream from a dropped wait
+                    self.error_details.append(f"{err.code().name}: {err.details()} (poller {i}, queue "
+                                              f"{self._queue[i]}, offset {self.offset[i]}, after {took:.2f} s; "
+                                              f"{err.debug_error_string()})")
             else:
                 self.latencies.append(took)
                 resp = fut.result()

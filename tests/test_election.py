@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from pysyncobj.monotonic import monotonic as _now
+
 from storage_service.local import free_port_block
 from storage_service.raft.group import RaftGroup
 from storage_service.statemachine.meta import MetaState
@@ -62,6 +64,37 @@ def test_a_follower_whose_timer_fires_under_a_healthy_leader_raises_no_term(grou
         time.sleep(0.15)
     assert f.prevotes_started > started
     assert all(g.raftCurrentTerm == term for g in groups)
+    assert leader.read_ready()
+    _commit_everywhere(groups, leader)
+
+
+def test_a_follower_whose_timer_runs_out_within_its_tick_still_asks_first(groups):
+    """pysyncobj looks at the election timer again a moment after the pre-vote check
+    did. A follower whose tick is preempted between the two looks (a loaded host)
+    found its timer run out at the second and stood for election without a
+    pre-vote: cut off from its leader, it raised its term, and on heal that term
+    deposed the leader (the partition harness's ``flap`` under CPU burners). Here
+    every tick of one follower is preempted just so: its timer holds at the
+    pre-vote check and has run out 20 ms later, when pysyncobj looks."""
+    leader = _leader(groups)
+    term = leader.raftCurrentTerm
+    f = next(g for g in groups if g is not leader)
+    check = f._election_tick
+    ticks = []
+
+    def preempted():
+        f.election_deadline = _now() + 0.01      # not due at the pre-vote check ...
+        allowed = check()
+        time.sleep(0.02)                         # ... and due when pysyncobj looks
+        ticks.append(allowed)
+        return allowed
+    f._election_tick = preempted
+    try:
+        wait_until(lambda: len(ticks) >= 10, timeout=10, what="ten preempted ticks")
+    finally:
+        del f._election_tick
+    assert all(g.raftCurrentTerm == term for g in groups), [g.raftCurrentTerm for g in groups]
+    assert not any(ticks)                        # no tick let pysyncobj stand: no pre-vote was won
     assert leader.read_ready()
     _commit_everywhere(groups, leader)
 

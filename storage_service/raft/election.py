@@ -118,6 +118,12 @@ class LeaseElection:
         noop = self.noop_index
         return noop is not None and self.raftLastApplied >= noop
 
+    def _contact_said(self) -> str:
+        """When this replica last heard from a leader, in words (for the log)."""
+        if self.raft_state == LEADER:
+            return f"leader, lease {'running' if _now() < self.lease_expiry() else 'lapsed'}"
+        return f"a leader last heard {_now() - self._leader_contact:.2f} s ago"
+
     def _heard_from_leader(self) -> bool:
         if self.raft_state == LEADER:
             return _now() < self.lease_expiry()
@@ -152,6 +158,10 @@ class LeaseElection:
         if kind == "next_node_idx" or kind == "lease_ack":
             self._note_echo(node, message)
             return kind == "lease_ack"
+        if kind == "timeout_now":
+            log.info("group %d: asked to take the leadership over (timeout_now, term %s, from %s)",
+                     self.group_id, message.get("term"), getattr(node, "address", node))
+            return False
         if kind == "request_vote":
             if self._recovering():
                 self.votes_ignored += 1
@@ -214,6 +224,10 @@ class LeaseElection:
     def _answer_prevote(self, node, message) -> None:
         granted = (message["term"] > self.raftCurrentTerm and not self._heard_from_leader() and not self._recovering()
                    and (message["last_log_term"], message["last_log_index"]) >= self._log_position())
+        if granted:         # rare, and what a leader change after a heal is traced back to
+            log.info("group %d: pre-vote for term %d granted to %s (%s; its log %s, ours %s)", self.group_id,
+                     message["term"], getattr(node, "address", node), self._contact_said(),
+                     (message["last_log_term"], message["last_log_index"]), self._log_position())
         self.raft_send(node, {"type": "pre_vote_response", "term": message["term"],
                               "round": message.get("round"), "granted": granted,
                               "voter_term": self.raftCurrentTerm})
@@ -226,28 +240,34 @@ class LeaseElection:
             return
         pv[2].add(node)
         if len(pv[2]) + 1 > (len(self.peers) + 1) / 2:
+            log.info("group %d: pre-vote for term %d won (yes from %s)", self.group_id, pv[0],
+                     ", ".join(sorted(str(getattr(n, "address", n)) for n in pv[2])))
             self._prevote, self._prevote_won = None, self.raftCurrentTerm + 1
             self.election_deadline = 0.0      # pysyncobj's election, next tick
             self.wake()
 
     # -------------------------------------------------------------- tick
-    def _election_tick(self) -> None:
+    def _election_tick(self) -> bool:
         """Where pysyncobj's election timer would start an election this tick: a
-        pre-vote round instead, unless one was just won (or a transfer asks)."""
+        pre-vote round instead, unless one was just won (or a transfer asks).
+        Whether pysyncobj's own election may run in this tick (``_timer_held``)."""
         self._transfer_election = False
         if self.raft_state == LEADER or self.selfNode is None:
-            return
+            return True
         now = _now()
         if self.election_deadline >= now or not self.connected_to_anyone():
-            return
+            return False
         if self._recovering():
             self.election_deadline = now + self.new_election_timeout()
-            return
+            return False
         won = self._prevote_won == self.raftCurrentTerm + 1      # won for the term it would start
         if won or self.transfer_in_progress or not self.peers:
+            if not won and self.peers:
+                log.info("group %d: standing for election without a pre-vote: a leadership transfer",
+                         self.group_id)
             self._transfer_election = self.transfer_in_progress
             self._prevote_won = None
-            return                                # pysyncobj elects in this tick
+            return True                           # pysyncobj elects in this tick
         self._prevote_won = None
         term = self.raftCurrentTerm + 1
         rnd = next(self._rounds)
@@ -259,3 +279,23 @@ class LeaseElection:
         for other in self.peers:
             self.raft_send(other, {"type": "pre_vote", "term": term, "round": rnd,
                                    "last_log_index": last_idx, "last_log_term": last_term})
+        return False
+
+    def _timer_held(self, base):
+        """pysyncobj's tick (``base``) with its election timer held for the tick.
+
+        pysyncobj looks at the timer again a moment after ``_election_tick`` did.
+        When the timer ran out in between (the tick preempted under load), it stood
+        for election without a pre-vote: a node cut off from its leader raised its
+        term, and on heal that term deposed the leader (the partition harness's
+        ``flap``, under two CPU burners, about one heal in twenty). A timer set
+        meanwhile (pysyncobj's own election cannot be: it is what is held) stays."""
+        def tick():
+            held = self.election_deadline
+            self.election_deadline = math.inf
+            try:
+                return base()
+            finally:
+                if self.election_deadline == math.inf:
+                    self.election_deadline = held
+        return tick

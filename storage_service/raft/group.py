@@ -208,7 +208,8 @@ class RaftGroup(FollowerAppends, SnapshotFiles, Membership, LeaseElection, Engin
             self._loop.request_sync(self)
 
     def on_tick(self, base):
-        self._election_tick()
+        if not self._election_tick():
+            base = self._timer_held(base)     # pysyncobj stands only after a won pre-vote
         j = self.journal
         if self._loop is None or j.durable_idx >= j.last_idx or not self.is_leading():
             return base()
