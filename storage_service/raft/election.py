@@ -159,8 +159,8 @@ class LeaseElection:
             self._note_echo(node, message)
             return kind == "lease_ack"
         if kind == "timeout_now":
-            log.info("group %d: asked to take the leadership over (timeout_now, term %s, from %s)",
-                     self.group_id, message.get("term"), getattr(node, "address", node))
+            log.info("group %d: timeout_now from %s (term %s): a leadership transfer, taken if it "
+                     "comes from the leader", self.group_id, getattr(node, "address", node), message.get("term"))
             return False
         if kind == "request_vote":
             if self._recovering():
@@ -288,7 +288,7 @@ class LeaseElection:
         When the timer ran out in between (the tick preempted under load), it stood
         for election without a pre-vote: a node cut off from its leader raised its
         term, and on heal that term deposed the leader (the partition harness's
-        ``flap``, under two CPU burners, about one heal in twenty). A timer set
+        ``flap`` under two CPU burners: one heal in 16 in one run). A timer set
         meanwhile (pysyncobj's own election cannot be: it is what is held) stays."""
         def tick():
             held = self.election_deadline
