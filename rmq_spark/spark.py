@@ -11,7 +11,8 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["JARS_DIR", "delta_jars", "s3a_conf", "session_builder", "session_conf", "worker_python"]
+__all__ = ["CLASS_ARCHIVE", "JARS_DIR", "class_archive_options", "delta_jars", "s3a_conf", "session_builder",
+           "session_conf", "worker_python"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "jars"))
@@ -20,6 +21,8 @@ JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path
 # Our Delta log store for S3 (jars/src): a commit is a put that fails if the file exists.
 CONDITIONAL_LOG_STORE = "io.rmqspark.delta.ConditionalPutLogStore"
 _NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-jvm")
+# The driver JVM's class archive (``rmq_spark/_class_archive.py``, built by ``make jars``).
+CLASS_ARCHIVE = os.path.join(JARS_DIR, "spark-classes.jsa")
 
 
 def delta_jars() -> list[str]:
@@ -84,9 +87,24 @@ def s3a_conf(env=None) -> dict[str, str]:
     return conf
 
 
-def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"):
+def class_archive_options(path: str = CLASS_ARCHIVE) -> str:
+    """JVM options that start a driver from the class archive at ``path``, or "" when
+    there is none. A JVM that cannot use it (another JDK, other pyspark jars) starts
+    without it, silently: its warning would be on the job's stdout."""
+    if not os.path.isfile(path):
+        return ""
+    return f"-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]", *,
+                    class_archive: bool = True):
     """A ``SparkSession.Builder`` with the Delta extension and catalog configured,
-    and Python workers that run this interpreter (``worker_python``)."""
+    and Python workers that run this interpreter (``worker_python``).
+
+    The driver starts from the class archive ``make jars`` builds (``CLASS_ARCHIVE``)
+    when it is there, through ``spark.driver.defaultJavaOptions``, which leaves
+    ``spark.driver.extraJavaOptions`` to the caller. It takes effect only where the
+    builder starts the JVM (a new application, not ``spark-submit``'s)."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")     # loopback only
@@ -107,6 +125,9 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
         b = b.config(k, v)
     for scheme in ("s3a", "s3"):      # commits that cannot overwrite another driver's
         b = b.config(f"spark.delta.logStore.{scheme}.impl", CONDITIONAL_LOG_STORE)
+    archive = class_archive_options() if class_archive else ""
+    if archive:
+        b = b.config("spark.driver.defaultJavaOptions", archive)
     return b.master(master) if master else b
 
 
