@@ -12,13 +12,6 @@ from rmq_spark.client import Client
 
 # Every Spark JVM a test starts binds to loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-# Every Spark driver a test starts (the shared session, and the jobs, notebooks and README
-# blocks run as subprocesses, which inherit it: spark-submit adds SPARK_SUBMIT_OPTS to the
-# driver's JVM options) compiles with C1 only. A test's driver lives seconds to minutes on
-# small data: C2's compile threads cost more CPU than its faster code saves on 2 cores.
-# With the class archive: a session writing and reading a small Delta table, 32.4-32.8 s of
-# JVM CPU against 44.9-51.2 s (C2).
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 # The modules that take longest (401, 266, 247, 186, 174 and 136 s of test time in a
 # `make test` run with --junitxml on 2 cores, 2026-11-27; the next is 91 s; test_realtime.py,
