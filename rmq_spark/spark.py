@@ -21,6 +21,8 @@ JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path
 # Our Delta log store for S3 (jars/src): a commit is a put that fails if the file exists.
 CONDITIONAL_LOG_STORE = "io.rmqspark.delta.ConditionalPutLogStore"
 _NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-jvm")
+# Shuffle (and Delta state) partitions of a session on a local master.
+LOCAL_PARTITIONS = 4
 # The driver JVM's class archive (``rmq_spark/_class_archive.py``, built by ``make jars``).
 CLASS_ARCHIVE = os.path.join(JARS_DIR, "spark-classes.jsa")
 
@@ -119,7 +121,7 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
          .config("spark.jars", ",".join(delta_jars()))
          .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
          .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-         .config("spark.sql.shuffle.partitions", "4")
+         .config("spark.sql.shuffle.partitions", str(LOCAL_PARTITIONS))
          .config("spark.ui.showConsoleProgress", "false"))
     for k, v in s3a_conf().items():
         b = b.config(k, v)
@@ -128,6 +130,12 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
     archive = class_archive_options() if class_archive else ""
     if archive:
         b = b.config("spark.driver.defaultJavaOptions", archive)
+    if master and master.startswith("local"):
+        # Delta rebuilds a table's state (its log replayed) as a shuffle into 50
+        # partitions unless told otherwise: 50 tasks each time a job looks at a table
+        # it has not cached, which on a local master took two thirds of the test
+        # session's stage time (event log, 2026-11-29). A cluster keeps Delta's default.
+        b = b.config("spark.databricks.delta.snapshotPartitions", str(LOCAL_PARTITIONS))
     return b.master(master) if master else b
 
 

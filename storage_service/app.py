@@ -127,4 +127,5 @@ def serve(node: StorageNode, limits: Limits | None = None) -> Servers:
                               deferred={"KvPut": lambda r: kv_put_submit(node, r)})
     taken |= {produce_address(a) for a in c.addresses}
     http = _http_server(server, node, taken, ctx)
+    node.ports_up = True
     return Servers(server, produce, http)

@@ -126,7 +126,11 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         self._meta_sync_lock = threading.Lock()
         self.files = OpenFiles(open_files_limit(config.max_open_files))
         self.metrics = NodeMetrics() if config.metrics else None
-        self.http_address = ""           # set once the HTTP port is served (service.serve)
+        self.http_address = ""           # set once the HTTP port is served (app.serve)
+        # every port of the node bound (app.serve): Health says serving only then. The
+        # gRPC server answers first, and a caller told "ready" (LocalCluster.wait_ready,
+        # `rmq-storage local`) went to the HTTP port before it was bound (refused).
+        self.ports_up = False
         os.makedirs(config.data_dir, exist_ok=True)
         # Whoever cannot enter the data directory reads no segment, journal or
         # snapshot in it, whatever their own modes (files made before included).

@@ -433,7 +433,8 @@ class MessageLogService(ClusterAdmin, SecurityAdmin, rmq_pb2_grpc.MessageLogServ
         placed = bool(self.node.meta.replicas)          # the cluster's placement, applied here
         total = sum(st.queues.total() for st in list(self.node.states.values()))
         closed = sum(len(st.queues.closed_names()) for st in list(self.node.states.values()))
-        return rmq_pb2.HealthResponse(serving=with_leader == len(self.node.groups) and placed and not removed,
+        return rmq_pb2.HealthResponse(serving=(with_leader == len(self.node.groups) and placed and not removed
+                                               and self.node.ports_up),
                                       groups_with_leader=with_leader, groups_total=len(self.node.groups),
                                       queues_open=total - closed, queues_total=total)
 

@@ -40,6 +40,7 @@ def spark(s3, tmp_path_factory):
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.databricks.delta.snapshotPartitions", "2")
                .config("spark.default.parallelism", "2")
                .config("spark.sql.streaming.stopTimeout", "30s")
                .config("spark.driver.memory", "1g")
