@@ -41,14 +41,15 @@ _DUMP_TIMEOUT_S = 180.0
 def _workload(spark, scratch: str) -> None:
     """What most of our drivers do in their first seconds: Delta and Parquet, a
     grouped aggregate, a streaming query with a checkpoint."""
+    delta, parquet = os.path.join(scratch, "delta"), os.path.join(scratch, "parquet")
     df = spark.range(2000).selectExpr("id", "cast(id as string) as key", "id % 7 as g",
                                       "current_timestamp() as ts")
-    df.write.format("delta").save(os.path.join(scratch, "delta"))
-    spark.read.format("delta").load(os.path.join(scratch, "delta")).groupBy("g").count().collect()
-    df.write.partitionBy("g").parquet(os.path.join(scratch, "parquet"))
-    spark.read.parquet(os.path.join(scratch, "parquet")).filter("id > 5").orderBy("key").limit(3).collect()
-    query = (spark.readStream.schema(spark.read.parquet(os.path.join(scratch, "parquet")).schema)
-             .parquet(os.path.join(scratch, "parquet"))
+    df.write.format("delta").save(delta)
+    spark.read.format("delta").load(delta).groupBy("g").count().collect()
+    df.write.partitionBy("g").parquet(parquet)
+    files = spark.read.parquet(parquet)
+    files.filter("id > 5").orderBy("key").limit(3).collect()
+    query = (spark.readStream.schema(files.schema).parquet(parquet)
              .writeStream.format("delta").trigger(availableNow=True)
              .option("checkpointLocation", os.path.join(scratch, "checkpoint"))
              .start(os.path.join(scratch, "stream")))
@@ -57,18 +58,18 @@ def _workload(spark, scratch: str) -> None:
 
 def build(path: str) -> bool:
     """Write the archive to ``path``; False (and ``path`` left alone) when this JVM
-    cannot dump one (it says why on stderr)."""
+    cannot dump one."""
     from pyspark import SparkContext
 
-    from .spark import session_builder
+    from .spark import QUIET_CDS, session_builder
 
     path = os.path.abspath(path)
     partial = f"{path}.partial-{os.getpid()}"
     with tempfile.TemporaryDirectory(prefix="rmq-class-archive-") as scratch:
-        spark = (session_builder("rmq-class-archive", master="local[2]", class_archive=False)
+        # (replaces the archive options session_builder gives when an older archive is there)
+        spark = (session_builder("rmq-class-archive", master="local[2]")
                  .config("spark.ui.enabled", "false")
-                 .config("spark.driver.defaultJavaOptions",
-                         f"-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off -Xlog:cds+dynamic=off")
+                 .config("spark.driver.defaultJavaOptions", f"-XX:ArchiveClassesAtExit={partial} {QUIET_CDS}")
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         try:
@@ -78,14 +79,9 @@ def build(path: str) -> bool:
             spark.stop()
             # The JVM writes the archive on a normal exit, which it takes when
             # its stdin closes (pyspark's launcher contract).
-            proc = getattr(gateway, "proc", None)
             gateway.shutdown()
-            if proc is not None:
-                proc.stdin.close()
-                proc.wait(_DUMP_TIMEOUT_S)
-    deadline = time.monotonic() + 10
-    while not os.path.exists(partial) and time.monotonic() < deadline:
-        time.sleep(0.1)
+            gateway.proc.stdin.close()
+            gateway.proc.wait(_DUMP_TIMEOUT_S)
     if not os.path.exists(partial):
         print(f"no class archive written to {partial}: Spark drivers will start without one",
               file=sys.stderr)

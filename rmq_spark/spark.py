@@ -11,7 +11,7 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["CLASS_ARCHIVE", "JARS_DIR", "class_archive_options", "delta_jars", "s3a_conf", "session_builder",
+__all__ = ["CLASS_ARCHIVE", "JARS_DIR", "QUIET_CDS", "class_archive_options", "delta_jars", "s3a_conf", "session_builder",
            "session_conf", "worker_python"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
@@ -25,6 +25,8 @@ _NEEDED_JARS = ("delta-spark", "hadoop-aws", "rmq-spark-jvm")
 LOCAL_PARTITIONS = 4
 # The driver JVM's class archive (``rmq_spark/_class_archive.py``, built by ``make jars``).
 CLASS_ARCHIVE = os.path.join(JARS_DIR, "spark-classes.jsa")
+# A JVM that cannot use (or write) the archive says so on the job's stdout otherwise.
+QUIET_CDS = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
 def delta_jars() -> list[str]:
@@ -95,11 +97,10 @@ def class_archive_options(path: str = CLASS_ARCHIVE) -> str:
     without it, silently: its warning would be on the job's stdout."""
     if not os.path.isfile(path):
         return ""
-    return f"-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    return f"-XX:SharedArchiveFile={path} {QUIET_CDS}"
 
 
-def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]", *,
-                    class_archive: bool = True):
+def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"):
     """A ``SparkSession.Builder`` with the Delta extension and catalog configured,
     and Python workers that run this interpreter (``worker_python``).
 
@@ -127,7 +128,7 @@ def session_builder(app_name: str = "rmq-spark", master: str | None = "local[2]"
         b = b.config(k, v)
     for scheme in ("s3a", "s3"):      # commits that cannot overwrite another driver's
         b = b.config(f"spark.delta.logStore.{scheme}.impl", CONDITIONAL_LOG_STORE)
-    archive = class_archive_options() if class_archive else ""
+    archive = class_archive_options()
     if archive:
         b = b.config("spark.driver.defaultJavaOptions", archive)
     if master and master.startswith("local"):
