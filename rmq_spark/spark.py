@@ -11,8 +11,8 @@ import sys
 import tempfile
 from contextlib import contextmanager
 
-__all__ = ["CLASS_ARCHIVE", "JARS_DIR", "QUIET_CDS", "class_archive_options", "delta_jars", "s3a_conf", "session_builder",
-           "session_conf", "worker_python"]
+__all__ = ["CLASS_ARCHIVE", "JARS_DIR", "QUIET_CDS", "class_archive_options", "delta_jars", "s3a_conf",
+           "session_builder", "session_conf", "worker_python"]
 
 JARS_DIR = os.environ.get("RMQ_SPARK_JARS", os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "jars"))
