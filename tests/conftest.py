@@ -70,12 +70,15 @@ def topic(client, request):
     return name
 
 
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what="condition"):
+    """``predicate()``'s first true value, polled every ``interval`` for ``timeout`` s;
+    else AssertionError naming ``what`` (a string, or a callable giving one then)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for "
+                                 f"{what() if callable(what) else what}")
         time.sleep(interval)

@@ -43,14 +43,22 @@ def test_two_thousand_waiting_fetches_hold_no_threads(tmp_path):
             Client(cluster.endpoints, timeout=30) as client:
         client.create_topic("quiet", queues=QUEUES)
         client.create_topic("busy", queues=6)
-        crowd = PollCrowd(leaders_of(client, "quiet", QUEUES), "quiet", POLLERS, wait_ms=4000).start()
+        # Polls wait 12 s: the crowd re-issues 2,000 answered polls from one callback
+        # thread, which on a busy machine takes seconds; with a short wait the first
+        # re-issued polls time out again before the last are parked, and the moment when
+        # all 2,000 are parked at once never comes.
+        crowd = PollCrowd(leaders_of(client, "quiet", QUEUES), "quiet", POLLERS, wait_ms=12000).start()
         producers = Producers(client, "busy", 6, n=10).start()
         try:
             # Every poll is parked at once on the nodes, each holding no thread (the pools
             # have 64 each), while the producers are served.
-            wait_until(lambda: _parked(client) == POLLERS and len(producers.latencies) > 50, timeout=60)
+            seen = []
+            wait_until(lambda: seen.append((_parked(client), len(producers.latencies))) or
+                       (seen[-1][0] == POLLERS and seen[-1][1] > 50), timeout=90,
+                       what=lambda: f"all {POLLERS} polls parked and 50 produces served (last "
+                                    f"seen: parked, produces = {seen[-1]})")
             assert all(_threads(cluster.pid(i)) < 64 + 100 for i in range(3))
-            wait_until(lambda: len(crowd.latencies) >= POLLERS, timeout=60)   # every poll timed out once
+            wait_until(lambda: len(crowd.latencies) >= POLLERS, timeout=90)   # every poll timed out once
             # The message produced to each quiet queue wakes every poller of that queue.
             for q in range(QUEUES):
                 client.produce("quiet", [f"wake-{q}".encode()], queue=q)

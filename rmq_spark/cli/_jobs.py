@@ -23,6 +23,9 @@ def _streaming_job_args(p, verb: str, home: str) -> None:
                    help=f"checkpoint directory (default: {home}/_rmq_checkpoints/TOPIC)")
     p.add_argument("--max-offsets-per-trigger", type=int, default=None,
                    help="at most N messages per micro-batch")
+    p.add_argument("--lease-ttl", default="30s",
+                   help="TTL of the job's lease on the topic, 3s-24h (default 30s): a job that "
+                        "died holds the topic this long")
 
 
 def add_parsers(sub) -> None:
@@ -101,6 +104,15 @@ def _run_job(client: Client, cmd: str, verb: str, topic: str, available_now: boo
         spark.stop()
 
 
+def _lease_ttl_s(a) -> float:
+    """``--lease-ttl`` in seconds (the job's settings check its range)."""
+    try:
+        return parse_duration_ms(a.lease_ttl, no_limit=False) / 1000
+    except ValueError:
+        raise ValueError(f"--lease-ttl {a.lease_ttl}: give a duration such as 10s or 2m "
+                         "(3s-24h)") from None
+
+
 def cmd_tier(client: Client, a) -> int:
     """Check everything (exit 2 on bad input, nothing changed), then run the Spark job."""
     from ..tiering import AVAILABLE_NOW, TierConfigError, TierSettings, start_tiering
@@ -114,7 +126,8 @@ def cmd_tier(client: Client, a) -> int:
         settings = TierSettings.create(
             client, a.endpoints, a.topic, a.archive, a.format, a.trigger or AVAILABLE_NOW,
             a.checkpoint, a.max_offsets_per_trigger,
-            vacuum_retain_hours=parse_duration_ms(a.vacuum_retain) / 3_600_000)
+            vacuum_retain_hours=parse_duration_ms(a.vacuum_retain) / 3_600_000,
+            lease_ttl_s=_lease_ttl_s(a))
     except (TierConfigError, ValueError) as e:
         print(f"rmq tier: {e}", file=sys.stderr)
         return 2
@@ -137,14 +150,15 @@ def cmd_compact(client: Client, a) -> int:
     try:
         s = CompactSettings.create(client, a.endpoints, a.topic, a.table,
                                    a.trigger or AVAILABLE_NOW, a.checkpoint, a.buckets,
-                                   a.max_offsets_per_trigger)
+                                   a.max_offsets_per_trigger, _lease_ttl_s(a))
     except (CompactionConfigError, ValueError) as e:
         print(f"rmq compact: {e}", file=sys.stderr)
         return 2
     return _run_job(client, "compact", "compacting", a.topic, s.available_now,
                     lambda spark: compact_topic(spark, a.endpoints, a.topic, s.table, a.trigger or AVAILABLE_NOW,
                                                 s.checkpoint, s.buckets, s.max_offsets_per_trigger, _report,
-                                                tls=client.tls, token=client.token),
+                                                tls=client.tls, token=client.token,
+                                                lease_ttl_s=s.lease_ttl_s),
                     lambda: f"compacted {a.topic} into {s.table}")
 
 

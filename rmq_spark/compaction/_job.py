@@ -41,7 +41,7 @@ from rmq_spark.archive.reader import delta_log
 from rmq_spark.client import Client, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW, UTC_CONF, delta_conf, hot_stream
 from rmq_spark.jobs import checkpoint as _checkpoint
-from rmq_spark.jobs.lease import JobLease, LeaseLost
+from rmq_spark.jobs.lease import TTL_S, JobLease, LeaseLost, check_ttl
 from rmq_spark.spark import session_conf
 
 from .errors import CompactionConfigError
@@ -74,6 +74,7 @@ class CompactSettings:
     trigger: dict
     buckets: int = DEFAULT_BUCKETS
     max_offsets_per_trigger: int | None = None
+    lease_ttl_s: float = TTL_S
     tls: TlsFiles | None = None          # the cluster's TLS files (from the checking client)
     token: str | None = field(default=None, repr=False)   # its bearer token (ACLs)
 
@@ -81,8 +82,10 @@ class CompactSettings:
     def create(cls, client: Client, endpoints: str, topic: str, table: str | None = None,
                trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
                buckets: int = DEFAULT_BUCKETS,
-               max_offsets_per_trigger: int | None = None) -> "CompactSettings":
+               max_offsets_per_trigger: int | None = None,
+               lease_ttl_s: float = TTL_S) -> "CompactSettings":
         trig = jobs.parse_trigger(trigger, CompactionConfigError)
+        check_ttl(lease_ttl_s, CompactionConfigError)
         if buckets < 1 or buckets > 4096:
             raise CompactionConfigError(f"buckets {buckets}: use 1-4096")
         jobs.check_max_offsets(max_offsets_per_trigger, CompactionConfigError)
@@ -115,8 +118,8 @@ class CompactSettings:
                 raise CompactionConfigError(str(e)) from None
         if current is None:
             client.alter_topic(topic, compacted_table=f"delta:{path}")
-        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger, client.tls,
-                   client.token)
+        return cls(endpoints, topic, path, ckpt, trig, buckets, max_offsets_per_trigger, lease_ttl_s,
+                   client.tls, client.token)
 
     @property
     def available_now(self) -> bool:
@@ -127,7 +130,7 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
                   trigger: str = AVAILABLE_NOW, checkpoint: str | None = None,
                   buckets: int = DEFAULT_BUCKETS, max_offsets_per_trigger: int | None = None,
                   progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None,
-                  token: str | None = None):
+                  token: str | None = None, lease_ttl_s: float = TTL_S):
     """Compact ``topic`` into the Delta table at ``table`` (default: the topic's table).
 
     ``trigger``: ``"available-now"`` (compact what is there, then return the
@@ -137,10 +140,12 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     keys over partitions for point lookups. ``progress`` gets a line per batch.
     ``tls``: a cluster with TLS (its CA, and a client certificate where required);
     ``token``: a cluster with ACLs, the job's bearer token (consume and alter on the topic).
+    ``lease_ttl_s`` (3 s to 1 day, default 30): a job that died holds the topic this long
+    after its last renewal; the job renews every third of it.
     """
     with Client(endpoints, tls=tls, token=token) as client:
         s = CompactSettings.create(client, endpoints, topic, table, trigger, checkpoint,
-                                   buckets, max_offsets_per_trigger)
+                                   buckets, max_offsets_per_trigger, lease_ttl_s)
         starting = None
         if _checkpoint.latest_batch(s.checkpoint, "offsets") is None:
             # A new checkpoint resumes at the compaction watermark. Starting lower is
@@ -148,7 +153,8 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
             info = client.describe_topic(topic)["queue_info"]
             starting = {q["queue"]: q["compacted"] if q.get("compacted", -1) >= 0 else -2
                         for q in info}
-    lease = CompactLease(endpoints, topic, _checkpoint.lease_owner(s.checkpoint), tls=tls, token=token)
+    lease = CompactLease(endpoints, topic, _checkpoint.lease_owner(s.checkpoint), s.lease_ttl_s,
+                         tls=tls, token=token)
     lease.take()
     try:
         # The query keeps its own copy of the confs from start() on.

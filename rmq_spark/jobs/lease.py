@@ -37,12 +37,22 @@ from rmq_spark.units import utc_text
 
 from .errors import JobConfigError
 
-__all__ = ["JobLease", "LeaseLost", "TTL_S"]
+__all__ = ["JobLease", "LeaseLost", "TTL_S", "MIN_TTL_S", "MAX_TTL_S", "check_ttl"]
 
 log = logging.getLogger(__name__)
 TTL_S = 30.0
+MIN_TTL_S = 3.0      # renewals every second; a shorter lease lapses on a driver's GC pause
+MAX_TTL_S = 86_400.0     # the nodes' limit (MAX_LEASE_MS)
 FRESH = 0.5          # a grant younger than this share of the TTL needs no RPC to check
 GIVE_UP = 0.9        # unrenewed for this share of the TTL: treat the lease as lost
+
+
+def check_ttl(ttl_s: float, error: type[JobConfigError]) -> float:
+    """``ttl_s`` if it is a lease TTL a job may use, else ``error`` naming the range."""
+    if not MIN_TTL_S <= ttl_s <= MAX_TTL_S:
+        raise error(f"lease TTL {ttl_s:g} s: use {MIN_TTL_S:g}-{MAX_TTL_S:g} s (a job that "
+                    f"died holds its topic this long; the job renews every third of it)")
+    return ttl_s
 
 
 class LeaseLost(RmqError):

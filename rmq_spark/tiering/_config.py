@@ -13,6 +13,7 @@ from rmq_spark.archive import layout
 from rmq_spark.client import Client, NotFound, TlsFiles
 from rmq_spark.jobs import AVAILABLE_NOW
 from rmq_spark.jobs.checkpoint import checkpoint_under, location
+from rmq_spark.jobs.lease import TTL_S, check_ttl
 
 from .errors import TierConfigError
 
@@ -110,6 +111,7 @@ class TierSettings:
     fail_on_data_loss: bool = True
     vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS
     retention_check_s: float = 60.0
+    lease_ttl_s: float = TTL_S
     tls: TlsFiles | None = None          # the cluster's TLS files, for every client of the job
     token: str | None = field(default=None, repr=False)   # the job's bearer token (ACLs)
 
@@ -119,7 +121,7 @@ class TierSettings:
                checkpoint: str | None = None, max_offsets_per_trigger: int | None = None,
                fail_on_data_loss: bool = True,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
-               retention_check_s: float = 60.0) -> "TierSettings":
+               retention_check_s: float = 60.0, lease_ttl_s: float = TTL_S) -> "TierSettings":
         """Checked against the cluster ``client`` reaches (its TLS files and token go to the job)."""
         trig = parse_trigger(trigger)
         jobs.check_max_offsets(max_offsets_per_trigger, TierConfigError)
@@ -127,11 +129,12 @@ class TierSettings:
             raise TierConfigError(f"vacuum retain {vacuum_retain_hours} h: use a number >= 0")
         if retention_check_s < 0:
             raise TierConfigError(f"retention check interval {retention_check_s} s: use >= 0")
+        check_ttl(lease_ttl_s, TierConfigError)
         ckpt = location(checkpoint, "checkpoint", TierConfigError) if checkpoint else None
         tier = resolve_tier(client, topic, archive, format)
         return cls(endpoints, topic, tier, ckpt or default_checkpoint(tier, topic), trig,
                    max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours,
-                   retention_check_s, client.tls, client.token)
+                   retention_check_s, lease_ttl_s, client.tls, client.token)
 
     @property
     def available_now(self) -> bool:

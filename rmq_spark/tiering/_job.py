@@ -35,7 +35,7 @@ from rmq_spark.spark import session_conf
 
 from . import _fence
 from ._config import DEFAULT_VACUUM_RETAIN_HOURS, TierSettings, check_location
-from ._lease import LeaseLost, TierLease
+from ._lease import TTL_S, LeaseLost, TierLease
 from ._retention import ArchiveRetention
 from ._watermark import archived_positions, queue_info, start_positions, sync_watermark
 from .errors import TierConfigError
@@ -62,7 +62,7 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
                vacuum_retain_hours: float = DEFAULT_VACUUM_RETAIN_HOURS,
                retention_check_s: float = 60.0,
                progress: Callable[[str], None] | None = None, tls: TlsFiles | None = None,
-               token: str | None = None):
+               token: str | None = None, lease_ttl_s: float = TTL_S):
     """Archive ``topic`` into its Delta/Parquet archive with a streaming query.
 
     Parameters
@@ -104,6 +104,10 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
     token : str, optional
         A cluster with ACLs: the job's bearer token (its principal needs consume
         and alter on the topic), for its calls and its source (a redacted option).
+    lease_ttl_s : float, default 30
+        TTL of the job's lease on the topic (3 s to 1 day): a job that died
+        holds the topic this long after its last renewal; the job renews every
+        third of it and stops when it could not renew for 90% of it.
 
     Returns
     -------
@@ -115,7 +119,8 @@ def tier_topic(spark, endpoints: str, topic: str, archive: str | None = None,
     try:
         settings = TierSettings.create(
             client, endpoints, topic, archive, format, trigger, checkpoint,
-            max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours, retention_check_s)
+            max_offsets_per_trigger, fail_on_data_loss, vacuum_retain_hours, retention_check_s,
+            lease_ttl_s)
     finally:
         client.close()
     return start_tiering(spark, settings, progress)
@@ -156,8 +161,8 @@ class _Run:
         self._legacy_done: int | None = None   # last batch committed under the pre-fence app id
         self._table_found = False              # the Delta archive has a log (it stays so)
         self.lease = TierLease(settings.endpoints, settings.topic,
-                               _checkpoint.lease_owner(settings.checkpoint), tls=settings.tls,
-                               token=settings.token)
+                               _checkpoint.lease_owner(settings.checkpoint), settings.lease_ttl_s,
+                               tls=settings.tls, token=settings.token)
         self._lease_lost: LeaseLost | None = None
         self.finished = threading.Event()      # the monitor is done (watch)
         self.failure: BaseException | None = None

@@ -237,7 +237,10 @@ def test_bad_arguments_change_nothing(spark, client, endpoints, tmp_path):
         compact_topic(spark, endpoints, "c-bad", str(tmp_path / "t"), buckets=0)
     with pytest.raises(CompactionConfigError, match="trigger|interval"):
         compact_topic(spark, endpoints, "c-bad", str(tmp_path / "t"), trigger="soon")
+    with pytest.raises(CompactionConfigError, match="lease TTL 0.5 s: use 3-86400 s"):
+        compact_topic(spark, endpoints, "c-bad", str(tmp_path / "t"), lease_ttl_s=0.5)
     assert client.describe_topic("c-bad")["tier"] == ""
+    assert client.describe_topic("c-bad")["compacted_table"] == ""
     assert not (tmp_path / "t").exists()
 
 
@@ -374,6 +377,8 @@ def test_cli_get_and_bad_compact_arguments(spark, client, endpoints, compact, ca
     assert "no value for key 'nope'" in capsys.readouterr().err
     assert rmq(["--endpoints", endpoints, "compact", topic, "--buckets", "0"]) == 2
     assert "buckets 0" in capsys.readouterr().err
+    assert rmq(["--endpoints", endpoints, "compact", topic, "--lease-ttl", "forever"]) == 2
+    assert "--lease-ttl forever: give a duration such as 10s" in capsys.readouterr().err
     client.create_topic("plain-cli", queues=1)
     assert rmq(["--endpoints", endpoints, "compact", "plain-cli", "--table", table]) == 2
     assert "cleanup policy 'delete'" in capsys.readouterr().err

@@ -98,15 +98,16 @@ def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothi
     import subprocess
     import sys
 
-    from rmq_spark.tiering._lease import TTL_S
     from tests.conftest import wait_until
+
+    ttl_s = 10     # --lease-ttl: A's lease lapses this long after its last renewal (default 30 s)
 
     path = tmp_path / "archive"
     produce(client, topic, 100)
     ckpt_a = path / "_rmq_checkpoints" / topic
     proc = subprocess.Popen(
         [sys.executable, "-m", "rmq_spark.cli.main", "--endpoints", endpoints, "tier", topic,
-         "--archive", str(path), "--format", "delta", "--trigger", "1s"],
+         "--archive", str(path), "--format", "delta", "--trigger", "1s", "--lease-ttl", f"{ttl_s}s"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: (ckpt_a / "commits" / "0").exists() or proc.poll() is not None,
@@ -114,10 +115,10 @@ def test_a_job_stopped_past_its_lease_and_resumed_after_a_takeover_changes_nothi
         assert proc.poll() is None, proc.stdout.read().decode()[-6000:]
         os.killpg(proc.pid, signal.SIGSTOP)
         produce(client, topic, 40, start=100)          # A planned none of these
-        # A's lease lapses: at most TTL_S after its last renewal, which was before the
+        # A's lease lapses: at most ttl_s after its last renewal, which was before the
         # stop. Wait for the metadata group to say so (B takes the lease only then),
-        # not a fixed TTL_S from now.
-        wait_until(lambda: not client.describe_topic(topic)["tier_job"], timeout=TTL_S + 90,
+        # not a fixed ttl_s from now.
+        wait_until(lambda: not client.describe_topic(topic)["tier_job"], timeout=ttl_s + 90,
                    interval=0.2, what="job A's lease to lapse")
         run_tier(spark, endpoints, topic, checkpoint=str(tmp_path / "ckpt-b"))   # job B
         token_b = _token(path, topic)

@@ -463,6 +463,9 @@ def test_cli_bad_input_is_refused_and_changes_nothing(client, endpoints, topic, 
         (["tier", "no-such-topic", "--archive", arch], "does not exist"),
         (["tier", topic], "has no tier config"),
         (["tier", topic, "--archive", arch, "--vacuum-retain", "soon"], "duration"),
+        (["tier", topic, "--archive", arch, "--lease-ttl", "1s"], "lease TTL 1 s: use 3-86400 s"),
+        (["tier", topic, "--archive", arch, "--lease-ttl", "2d"], "lease TTL 172800 s: use 3-86400 s"),
+        (["tier", topic, "--archive", arch, "--lease-ttl", "soon"], "--lease-ttl soon: give a duration such as 10s"),
     ]
     for args, message in cases:
         out = rmq(endpoints, *args)
