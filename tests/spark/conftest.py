@@ -34,26 +34,40 @@ def spark(s3, tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from rmq_spark.spark import session_builder
+    from tests.conftest import SHORT_JVM_OPTS
 
-    session = (session_builder("rmq-spark-tests", master="local[2,4]")     # with Delta
-               .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.databricks.delta.snapshotPartitions", "2")
-               .config("spark.default.parallelism", "2")
-               .config("spark.sql.streaming.stopTimeout", "30s")
-               .config("spark.driver.memory", "1g")
-               .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-               .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
-               # an event log, so tests can check what it holds (no secrets: test_tls_spark.py)
-               .config("spark.eventLog.enabled", "true")
-               .config("spark.eventLog.dir", str(tmp_path_factory.mktemp("event-log")))
-               .config("spark.eventLog.compress", "false")
-               .getOrCreate())
+    # This JVM lives for the whole run: the default JIT and GC, not the short-lived
+    # drivers' options (tests/conftest.py), which pyspark would pass on from the environment.
+    short = os.environ.get("SPARK_SUBMIT_OPTS")
+    if short == SHORT_JVM_OPTS:
+        del os.environ["SPARK_SUBMIT_OPTS"]
+    try:
+        session = _session(session_builder, tmp_path_factory)
+    finally:
+        if short is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = short
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def _session(session_builder, tmp_path_factory):
+    return (session_builder("rmq-spark-tests", master="local[2,4]")     # with Delta
+            .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.databricks.delta.snapshotPartitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.sql.streaming.stopTimeout", "30s")
+            .config("spark.driver.memory", "1g")
+            .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
+            .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
+            # an event log, so tests can check what it holds (no secrets: test_tls_spark.py)
+            .config("spark.eventLog.enabled", "true")
+            .config("spark.eventLog.dir", str(tmp_path_factory.mktemp("event-log")))
+            .config("spark.eventLog.compress", "false")
+            .getOrCreate())
 
 
 @pytest.fixture(scope="module")
