@@ -156,6 +156,17 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
     lease = CompactLease(endpoints, topic, _checkpoint.lease_owner(s.checkpoint), s.lease_ttl_s,
                          tls=tls, token=token)
     lease.take()
+    lost: list[LeaseLost] = []
+    started: list = []               # the query, once started (the lease thread stops it)
+
+    def on_lost(e: LeaseLost) -> None:
+        log.error("%s", e)
+        lost.append(e)
+        for q in started:
+            q.stop()
+
+    # Renewed from here on: creating the table may take longer than the lease's TTL.
+    lease.start_renewing(on_lost)
     try:
         # The query keeps its own copy of the confs from start() on.
         with session_conf(spark, {**UTC_CONF, **delta_conf(spark), **ROW_GROUP_CONF}):
@@ -166,18 +177,15 @@ def compact_topic(spark, endpoints: str, topic: str, table: str | None = None,
                                tls=tls, token=token)
             w = (frame.writeStream.queryName(f"rmq-compact-{topic}").trigger(**s.trigger)
                  .option("checkpointLocation", s.checkpoint).foreachBatch(writer))
+            if lost:
+                raise lost[0]
             query = w.start()
     except BaseException:
         lease.release()
         raise
-    lost: list[LeaseLost] = []
-
-    def on_lost(e: LeaseLost) -> None:
-        log.error("%s", e)
-        lost.append(e)
+    started.append(query)
+    if lost:                         # lost while the query started
         query.stop()
-
-    lease.start_renewing(on_lost)
     if s.available_now:
         try:
             query.awaitTermination()

@@ -164,6 +164,7 @@ class _Run:
                                _checkpoint.lease_owner(settings.checkpoint), settings.lease_ttl_s,
                                tls=settings.tls, token=settings.token)
         self._lease_lost: LeaseLost | None = None
+        self._query = None                     # once started (the lease thread stops it)
         self.finished = threading.Event()      # the monitor is done (watch)
         self.failure: BaseException | None = None
 
@@ -173,10 +174,17 @@ class _Run:
         and start the query."""
         try:
             self.lease.take()
-            return self._start()
+            # Renewed from here on: preparing (the fence, a retention pass) may take
+            # longer than the lease's TTL.
+            self.lease.start_renewing(self._lose_lease)
+            query = self._start()
         except BaseException:
             self.lease.release()
             raise
+        self._query = query
+        if self._lease_lost is not None:      # lost while the query started
+            query.stop()
+        return query
 
     def _start(self):
         s = self.s
@@ -189,16 +197,18 @@ class _Run:
             sync_watermark(self.client, s.topic, s.checkpoint, self.lease.token)
             self.retention.maybe_run(self.spark)
             self._reported = self._synced = _checkpoint.latest_batch(s.checkpoint)
+            if self._lease_lost is not None:
+                raise self._lease_lost
             query = self._writer(self._frame(starting)).start()
-        self.lease.start_renewing(lambda e: self._lose_lease(query, e))
         log.info("tiering %s into %s (checkpoint %s) started", s.topic, s.tier, s.checkpoint)
         return query
 
-    def _lose_lease(self, query, err: LeaseLost) -> None:
+    def _lose_lease(self, err: LeaseLost) -> None:
         """From the lease thread: another job may own the topic now; stop appending."""
         log.error("%s", err)
         self._lease_lost = err
-        query.stop()
+        if self._query is not None:
+            self._query.stop()
 
     def _conf(self) -> dict[str, str]:
         """SQL confs for the run; the query keeps its own copy from ``start()`` on."""

@@ -244,6 +244,23 @@ def test_bad_arguments_change_nothing(spark, client, endpoints, tmp_path):
     assert not (tmp_path / "t").exists()
 
 
+def test_a_running_job_holds_its_lease_for_the_ttl_it_was_given(spark, client, endpoints, compact):
+    """``lease_ttl_s`` reaches the metadata group: another job is refused with an expiry
+    at most that TTL away (not the 30 s default), and the lease goes with the job."""
+    topic, table = compact
+    _produce_updates(client, topic, 30, keys=10, queues=3, seed=4)
+    q = compact_topic(spark, endpoints, topic, table, trigger="1s", lease_ttl_s=5)
+    try:
+        granted, holder, expires_ms, _ = client.lease(topic, "compact", "another-job", 60_000)
+        now_ms = time.time() * 1000
+        assert not granted and holder.endswith(f"_rmq_checkpoints/{topic}"), holder
+        assert now_ms - 1000 < expires_ms <= now_ms + 5000      # one node clock: this host's
+    finally:
+        q.stop()
+    wait_until(lambda: client.lease(topic, "compact", "another-job", 60_000)[0], timeout=30,
+               what="the stopped job's lease to be given back")
+
+
 def test_a_table_from_before_the_bucket_file_and_a_table_that_is_not_compacted(
         spark, client, endpoints, compact, tmp_path, capsys):
     """A table created by CREATE TABLE with the property rmq.buckets (before
