@@ -36,7 +36,6 @@ __all__ = ["build"]
 # How long the JVM may take to write the archive after the session stopped
 # (~190 MB; 2-5 s on the test VM).
 _DUMP_TIMEOUT_S = 180.0
-_SHORT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"      # the archive run's JIT and GC
 
 
 def _workload(spark, scratch: str) -> None:
@@ -62,7 +61,7 @@ def build(path: str) -> bool:
     cannot dump one."""
     from pyspark import SparkContext
 
-    from .spark import QUIET_CDS, session_builder
+    from .spark import QUIET_CDS, SHORT_LIVED_JVM, session_builder
 
     path = os.path.abspath(path)
     partial = f"{path}.partial-{os.getpid()}"
@@ -74,7 +73,7 @@ def build(path: str) -> bool:
         spark = (session_builder("rmq-class-archive", master="local[2]")
                  .config("spark.ui.enabled", "false")
                  .config("spark.driver.defaultJavaOptions",
-                         f"-XX:ArchiveClassesAtExit={partial} {QUIET_CDS} {_SHORT_JVM}")
+                         f"-XX:ArchiveClassesAtExit={partial} {QUIET_CDS} {SHORT_LIVED_JVM}")
                  .getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         try:

@@ -9,6 +9,7 @@ import pytest
 
 from storage_service.local import LocalCluster
 from rmq_spark.client import Client
+from rmq_spark.spark import SHORT_LIVED_JVM
 
 # Every Spark JVM a test starts binds to loopback only.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -19,8 +20,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # CPU-s and 35.5 s with these. The run's shared sessions (tests/spark/conftest.py) live
 # for the whole run and keep the defaults (C1 alone made S3A's request signing there
 # several times slower). What the jobs do is the same; only the JIT differs.
-SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM_OPTS)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM)
 
 # The modules that take longest (401, 266, 247, 186, 174 and 136 s of test time in a
 # `make test` run with --junitxml on 2 cores, 2026-11-27; the next is 91 s; test_realtime.py,

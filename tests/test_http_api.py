@@ -305,8 +305,12 @@ def test_the_status_page_shows_leaders_and_lag_in_a_real_browser(cluster, client
         # leader's node slow (shown unreachable, its groups without a leader); the next
         # refresh, 2 s on, shows it again.
         shown = []
-        wait_until(lambda: shown.append(((row_of("groups", "0") or [None] * 3)[2], meta_leader())) or
-                   shown[-1][0] == shown[-1][1] is not None, timeout=30, interval=0.5,
+
+        def leader_shown() -> bool:
+            shown.append(((row_of("groups", "0") or [None] * 3)[2], meta_leader()))
+            page, actual = shown[-1]
+            return actual is not None and page == actual
+        wait_until(leader_shown, timeout=30, interval=0.5,
                    what=lambda: f"group 0's leader on the page (page, cluster status: {shown[-1]})")
         row = wait_until(lambda: (lambda r: r if r and "page-readers: 5" in r[5] else None)(
             row_of("topics", topic)), timeout=20, what="the topic's lag on the page")

@@ -53,8 +53,11 @@ def test_two_thousand_waiting_fetches_hold_no_threads(tmp_path):
             # Every poll is parked at once on the nodes, each holding no thread (the pools
             # have 64 each), while the producers are served.
             seen = []
-            wait_until(lambda: seen.append((_parked(client), len(producers.latencies))) or
-                       (seen[-1][0] == POLLERS and seen[-1][1] > 50), timeout=90,
+
+            def all_parked() -> bool:
+                seen.append((_parked(client), len(producers.latencies)))
+                return seen[-1][0] == POLLERS and seen[-1][1] > 50
+            wait_until(all_parked, timeout=90,
                        what=lambda: f"all {POLLERS} polls parked and 50 produces served (last "
                                     f"seen: parked, produces = {seen[-1]})")
             assert all(_threads(cluster.pid(i)) < 64 + 100 for i in range(3))

@@ -33,13 +33,12 @@ def s3(tmp_path_factory):
 def spark(s3, tmp_path_factory):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from rmq_spark.spark import session_builder
-    from tests.conftest import SHORT_JVM_OPTS
+    from rmq_spark.spark import SHORT_LIVED_JVM, session_builder
 
     # This JVM lives for the whole run: the default JIT and GC, not the short-lived
     # drivers' options (tests/conftest.py), which pyspark would pass on from the environment.
     short = os.environ.get("SPARK_SUBMIT_OPTS")
-    if short == SHORT_JVM_OPTS:
+    if short == SHORT_LIVED_JVM:
         del os.environ["SPARK_SUBMIT_OPTS"]
     try:
         session = _session(session_builder, tmp_path_factory)
