@@ -3,6 +3,7 @@ queue's batches stored once and in order: across refusals, a leader killed mid-s
 a batch that fails for good; in-order sequence checks and the commit backlog on the node."""
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
@@ -136,6 +137,42 @@ def test_a_full_commit_backlog_refuses_with_resource_exhausted_naming_the_limit(
             futures = [p.send("backlog", 0, [Message(f"{i}".encode() + value)] * 64) for i in range(100)]
             p.flush()
         assert [f.result().base_offset for f in futures] == [64 * (stored + i) for i in range(100)]
+
+
+def test_a_backlog_of_many_small_batches_refuses_with_resource_exhausted_naming_the_limit(pcluster):
+    """Bytes are not the only limit: 2,000 batches of one small message each (~60 KiB in
+    all, far under --max-commit-backlog) would each cost an apply on the node's raft
+    thread, so a group takes MAX_BACKLOG_ITEMS of them to commit later and refuses the
+    rest. The followers are stopped meanwhile, so nothing drains."""
+    from storage_service.server.writes import MAX_BACKLOG_ITEMS
+    from .scrape import scrape
+    with Client(pcluster.endpoints) as c:
+        c.create_topic("many-small", queues=1)
+        leader = _leader_of(c, "many-small", 0)
+        group = c.group_of("many-small", 0)
+        followers = [pcluster.pid(i) for i in range(3) if i != leader]
+        batches = [rmq_pb2.ProduceRequest(topic="many-small", queue=0, records=encode([b"%d" % i]), count=1)
+                   for i in range(2000)]
+        backlog = ("rmq_commit_backlog_batches", (("group", str(group)),))
+        for pid in followers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            call = _stub(pcluster, leader).ProduceBatches.future(
+                rmq_pb2.ProduceBatchesRequest(batches=batches), timeout=120)
+            wait_until(lambda: scrape(pcluster, leader).get(backlog) == MAX_BACKLOG_ITEMS, timeout=60,
+                       what=lambda: f"the leader's backlog at its limit: {scrape(pcluster, leader).get(backlog)}")
+        finally:
+            for pid in followers:
+                os.kill(pid, signal.SIGCONT)
+        outs = call.result().outcomes
+        refused = [o for o in outs if o.code]
+        assert refused, "2,000 batches to one group with its followers stopped met no limit"
+        for o in refused:
+            assert o.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], o.message
+            assert f"the limit is {MAX_BACKLOG_ITEMS:,} batches per group" in o.message, o.message
+            assert o.retry_after_ms > 0
+        stored = [b"%d" % i for i, o in enumerate(outs) if not o.code]
+        assert read_all(c, "many-small", 0) == stored          # in order; the refused changed nothing
 
 
 def test_a_batch_that_fails_for_good_fails_the_later_ones_and_the_queue_goes_on(pcluster):

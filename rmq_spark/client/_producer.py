@@ -53,6 +53,11 @@ __all__ = ["Producer"]
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 << 20     # one request to a node carries at most this (and one batch more)
+# ... and at most this many batches. A node answers a request once all its batches are
+# committed; 10,000 small batches to fresh queues took longer than an attempt (5 s),
+# and each retry sent all of them again (issue 39.5). Kafka bounds a request the same
+# way (max.request.size, a batch per partition).
+MAX_REQUEST_BATCHES = 512
 # A node remembers a producer's last 8 batches per queue (statemachine/data.py): a retried batch
 # must be among them to be answered with its offsets, so a queue has at most 7 in flight.
 LANE_IN_FLIGHT = 7
@@ -276,7 +281,8 @@ class Producer:
         for address, batches in by_node.items():
             while batches and self._node_in_flight[address] < self.max_in_flight:
                 take, size = [], 0
-                while batches and (not take or size + batches[0].request.ByteSize() <= MAX_REQUEST_BYTES):
+                while batches and (not take or (size + batches[0].request.ByteSize() <= MAX_REQUEST_BYTES
+                                                and len(take) < MAX_REQUEST_BATCHES)):
                     b = batches.pop(0)
                     take.append(b)
                     size += b.request.ByteSize()

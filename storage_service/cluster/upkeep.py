@@ -61,18 +61,21 @@ class Upkeep:
         """On groups this node leads: propose prefix truncation and queue drops."""
         now_ms = now_ms or self.now_ms()
         proposed = 0
+        topics = _Topics(self.meta)
         for g, st in self.states.items():
             raft = self.groups[g]
             if not raft.is_leader:
                 continue
             for name, ql in list(st.queues.items()):
                 topic, inc, q = parse_queue_dir(name)
-                cfg = self.meta.topic(topic)
+                cfg = topics.get(topic)
                 if cfg is None or cfg["incarnation"] != inc:
                     if self.meta.is_deleted(inc):
                         self._commit(raft, Drop(name).encode())
                         proposed += 1
                     continue
+                if len(ql.segments) < 2:
+                    continue            # the active segment is never cut (retention.py)
                 cut = self._cutoff(cfg, q, ql, now_ms)
                 if cut > ql.earliest:
                     self._commit(raft, Truncate(name, cut).encode())
@@ -87,10 +90,11 @@ class Upkeep:
         """
         now_ms = now_ms or self.now_ms()
         dropped = 0
+        topics = _Topics(self.meta)
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
                 topic, inc, q = parse_queue_dir(name)
-                cfg = self.meta.topic(topic)
+                cfg = topics.get(topic)
                 if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
                     continue
                 policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
@@ -118,6 +122,22 @@ class Upkeep:
         protected = self.meta.watermark(cfg["name"], "archive").get(q, 0) if tiered else None
         time_ms = (cfg.get("local_retention_ms") or cfg["retention_ms"]) if tiered else cfg["retention_ms"]
         return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
+
+
+class _Topics(dict):
+    """Topic configs looked up once per pass: a topic's thousands of queues share one
+    (``meta.topic`` copies the config under the metadata lock on every call)."""
+
+    def __init__(self, meta):
+        super().__init__()
+        self._meta = meta
+
+    def __missing__(self, topic: str) -> dict | None:
+        cfg = self[topic] = self._meta.topic(topic)
+        return cfg
+
+    def get(self, topic: str) -> dict | None:
+        return self[topic]
 
 
 def expire_keys(node, limit: int = 1000) -> int:

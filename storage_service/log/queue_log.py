@@ -20,6 +20,7 @@ from ..protocol import framing
 from .diskspace import Shortage, is_shortage
 from .durability import DirSyncs, drop_pages, fatal, fsync_dir
 from .handles import OpenFiles
+from .tally import ByteCount, Unsynced
 from .queue_reads import QueueReads
 from .swaps import SegmentSwaps
 from .segment import (IDX_ENTRY, SEGMENT_FILES, TIX_ENTRY, FileSpan, Segment, finish_swaps, open_sealed,
@@ -42,14 +43,17 @@ class QueueLog(SegmentSwaps, QueueReads):
     def __init__(self, path: str, segment_bytes: int = 64 << 20,
                  index_interval: int = 64 << 10, fsync: bool = True,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, files: OpenFiles | None = None,
-                 dirs: DirSyncs | None = None):
+                 dirs: DirSyncs | None = None, unsynced: Unsynced | None = None,
+                 sizes: ByteCount | None = None):
         """``cache_bytes``: how much of the active segment's synced tail stays in
         the page cache for readers that follow the log (``sync_behind``).
         ``files``: the node's budget of open files (``handles.py``); the log opens
         its files when it is used and closes them when the budget needs them.
         ``dirs``: where a new queue leaves its directory syncs for its owner to
         make later (``DirSyncs``: the raft journal covers them meanwhile); without
-        it they are made at once."""
+        it they are made at once. ``unsynced``: where an append leaves this queue
+        for the owner's background sync; ``sizes``: the owner's count of segment
+        bytes, kept as this queue's change (``tally.py``)."""
         self.path = path
         self.segment_bytes = segment_bytes
         self.cache_bytes = cache_bytes
@@ -75,10 +79,19 @@ class QueueLog(SegmentSwaps, QueueReads):
         self._uncached = 0    # active segment: bytes below this were dropped from the page cache
         self.files = files
         self.last_use = 0.0   # monotonic time of the last append or read (least used closes first)
-        if os.path.isdir(path):
+        self.unsynced = unsynced if fsync else None
+        self.sizes = sizes
+        self._size = 0        # segment bytes as last counted in ``sizes``
+        try:
+            os.mkdir(path)             # a new queue (one call, not a look first: issue 39.5)
+        except FileExistsError:
             self._open()
+        except FileNotFoundError:      # (its parent too)
+            os.makedirs(path)
+            self._create(dirs)
         else:
             self._create(dirs)
+        self._resized()
 
     # ------------------------------------------------------------------ open
     def _open(self) -> None:
@@ -98,12 +111,11 @@ class QueueLog(SegmentSwaps, QueueReads):
         self._earliest = max(self._earliest, self.segments[0].base)
 
     def _create(self, dirs: DirSyncs | None) -> None:
-        """A new queue: its directory and first segment's (empty) ``.log``. Both
+        """A new queue (its directory just made): its first segment's (empty) ``.log``. Both
         directories' new entries must survive a power loss: synced here, or by
         ``dirs``'s owner before a snapshot covers this queue (issue 39: the syncs
         held the first produce to fresh queues to 300-500 queues/s). The files are
         closed again: an idle queue holds none (its first append opens them)."""
-        os.makedirs(self.path, exist_ok=True)
         seg = Segment(0, self.path, 0, 0)
         os.close(os.open(seg.file("log"), os.O_WRONLY | os.O_CREAT, 0o644))
         self.segments.append(seg)
@@ -245,6 +257,20 @@ class QueueLog(SegmentSwaps, QueueReads):
     def size_bytes(self) -> int:
         return sum(s.size for s in self.segments)
 
+    def _resized(self) -> None:
+        """Count a change of the segments (other than an append's) in ``sizes``."""
+        new = self.size_bytes
+        if new != self._size:
+            if self.sizes is not None:
+                self.sizes.add(new - self._size)
+            self._size = new
+
+    def uncount(self) -> None:
+        """Take this queue out of ``sizes`` (it is being dropped)."""
+        if self.sizes is not None and self._size:
+            self.sizes.add(-self._size)
+        self._size = 0
+
     # --------------------------------------------------------------- writes
     def append(self, frame, h: framing.BatchHeader, gap_ok: bool = False) -> None:
         """Append one framed batch whose base offset must equal next_offset
@@ -289,6 +315,11 @@ class QueueLog(SegmentSwaps, QueueReads):
             seg.last_position = h.apply_position
             self._dirty = True
             self._appends += 1
+            self._size += h.size
+        if self.sizes is not None:
+            self.sizes.add(h.size)
+        if self.unsynced is not None:
+            self.unsynced.add(self)
 
     def _write_batch(self, frame, h: framing.BatchHeader, seg: Segment, indexed: bool) -> None:
         """Write one batch (and its index entries); a short write is an error."""
@@ -366,6 +397,8 @@ class QueueLog(SegmentSwaps, QueueReads):
                 fd = os.dup(self._wfd)
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):
+                    if self.unsynced is not None:
+                        self.unsynced.add(self)
                     return            # no descriptor to spare now: not a disk error; next round
                 raise
             appends, synced = self._appends, seg.size
@@ -418,6 +451,7 @@ class QueueLog(SegmentSwaps, QueueReads):
                 dropped += 1
             if dropped:
                 self._note_files()
+                self._resized()
             return dropped
 
     def _batch_start(self, offset: int) -> int:
@@ -453,6 +487,7 @@ class QueueLog(SegmentSwaps, QueueReads):
             self._new_segment(start)
             self._uncached = 0
             self._note_files()
+            self._resized()
 
     def close(self) -> None:
         with self.lock:

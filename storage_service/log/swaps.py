@@ -68,6 +68,7 @@ class SegmentSwaps:
             fsync_dir(self.path)
             seg.close()
             seg.size = pos
+            self._resized()
             seg.first_ts = first_ts
             if seg is self._tail_seg:       # its batches moved: the known positions are gone
                 self._tail, self._tail_seg = [], None

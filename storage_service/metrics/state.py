@@ -95,8 +95,13 @@ class StateCollector(Collector):
             ("snapshot_index", "The last raft index this replica's latest snapshot covers (0: none)"))}
         snaps = CounterMetricFamily("rmq_raft_snapshots", "Snapshots this replica wrote since the node "
                                     "started", labels=["group"])
+        waiting = _gauge("rmq_commit_backlog_batches", "Produce batches this leader took and has not "
+                         "proposed yet (refused past the per-group limit)", ["group"])
+        committers = dict(getattr(self.node, "committers", {}))
         for g, raft in sorted(list(self.node.groups.items())):
             label = [str(g)]
+            if g in committers:
+                waiting.add_metric(label, committers[g].waiting_items())
             fams["term"].add_metric(label, raft.raftCurrentTerm)
             fams["commit_index"].add_metric(label, raft.raftCommitIndex)
             fams["applied_index"].add_metric(label, raft.raftLastApplied)
@@ -106,6 +111,7 @@ class StateCollector(Collector):
             snaps.add_metric(label, raft.snapshots_written)
         yield from fams.values()
         yield snaps
+        yield waiting
 
     # --------------------------------------------------------------- queues
     def _led_queues(self):

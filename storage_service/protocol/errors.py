@@ -92,10 +92,14 @@ class Backlog(ServiceError):
     retriable = True
     retry_after_ms = 20
 
-    def __init__(self, group: int, waiting: int, limit: int):
-        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"group {group}: {_size(waiting)} of produce batches wait to be committed; the "
-                         f"limit is {_size(limit)} per group (--max-commit-backlog): retry in a moment")
+    def __init__(self, group: int, waiting: int, limit: int, items: bool = False):
+        if items:
+            text = (f"group {group}: {waiting:,} produce batches wait to be committed; the limit is "
+                    f"{limit:,} batches per group: retry in a moment")
+        else:
+            text = (f"group {group}: {_size(waiting)} of produce batches wait to be committed; the "
+                    f"limit is {_size(limit)} per group (--max-commit-backlog): retry in a moment")
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, text)
 
     def trailing_metadata(self) -> tuple:
         return ((RETRY_AFTER_METADATA_KEY, str(self.retry_after_ms)),)

@@ -1,8 +1,8 @@
 """Group commit: concurrent produce calls for one raft group share raft entries.
 
 Callers ``submit`` a batch item and wait on the returned future. The group's
-raft tick thread drains everything queued (up to ``max_entry_bytes``) into a
-single raft command whenever fewer than ``max_in_flight`` of its entries await
+raft tick thread drains everything queued (up to ``max_entry_bytes`` and
+``max_entry_items``) into a single raft command whenever fewer than ``max_in_flight`` of its entries await
 commit, right before it appends new commands to its log. While entries are in
 flight, new calls pile up and go out together, so throughput does not depend
 on the number of raft round trips.
@@ -29,6 +29,13 @@ __all__ = ["GroupCommitter", "CommitFailed"]
 
 log = logging.getLogger(__name__)
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
+# Items (a queue's batch each) in one entry. Every replica applies an entry whole, on the
+# node's one raft thread, between the ticks of all its groups; an item that creates its
+# queue costs ~0.3 ms there (the directory and its file). One call producing to 10,000
+# fresh queues made entries of thousands of items: seconds without a tick, every group
+# of the node missing its heartbeats, elections, and the call retried into more of them
+# (issue 39.5, the pipelined producer). 256 such items hold a tick ~80 ms.
+MAX_ENTRY_ITEMS = 64
 
 
 class CommitFailed(StorageError):
@@ -45,11 +52,12 @@ class GroupCommitter:
     """Coalesces produce items into raft entries; ``drain`` runs on the raft tick thread."""
 
     def __init__(self, raft, make_entry: Callable[[list], tuple], max_entry_bytes: int = 32 << 20,
-                 max_in_flight: int = 2, slot_timeout: float = 5.0):
+                 max_in_flight: int = 2, slot_timeout: float = 5.0, max_entry_items: int = MAX_ENTRY_ITEMS):
         """``make_entry(items)`` is the replicated command of the items drained together."""
         self.raft = raft
         self.make_entry = make_entry
         self.max_entry_bytes = max_entry_bytes
+        self.max_entry_items = max_entry_items
         self.max_in_flight = max_in_flight
         self.slot_timeout = slot_timeout
         self._pending: collections.deque = collections.deque()
@@ -63,6 +71,10 @@ class GroupCommitter:
     def waiting_bytes(self) -> int:
         """Bytes submitted and not yet proposed (the node bounds it: ``Backlog``)."""
         return self._waiting
+
+    def waiting_items(self) -> int:
+        """Items submitted and not yet proposed (the node bounds it too: ``Backlog``)."""
+        return len(self._pending)
 
     def submit(self, item: tuple, size: int) -> Future:
         fut: Future = Future()
@@ -93,7 +105,8 @@ class GroupCommitter:
             return
         batch, total = [], 0
         with self._lock:
-            while self._pending and (not batch or total + self._pending[0][1] <= self.max_entry_bytes):
+            while self._pending and (not batch or (total + self._pending[0][1] <= self.max_entry_bytes
+                                                   and len(batch) < self.max_entry_items)):
                 entry = self._pending.popleft()
                 batch.append(entry)
                 total += entry[1]

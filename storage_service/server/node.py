@@ -429,12 +429,13 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
                                 parked_fetches=sum(st.parked_count() for st in list(self.states.values())),
                                 http=self.http_address, rack=self.config.rack)
         for g, raft in sorted(self.groups.items()):
-            logs = self.states[g].queues if g in self.states else {}
-            queues = list(logs.values())        # (the open ones: bytes of those not opened yet are not counted)
+            data = self.states.get(g)
+            # bytes: of the open queues (those not opened since the start are not counted),
+            # kept as they change (tally.ByteCount), not summed over every queue here
             st.groups.add(group=g, leader=self.leader_of(g) or "", commit_index=raft.raftCommitIndex,
                           applied_index=raft.raftLastApplied, term=raft.raftCurrentTerm,
-                          raft_log_entries=len(raft.journal), queues=logs.total() if logs else 0,
-                          bytes=sum(q.size_bytes for q in queues),
+                          raft_log_entries=len(raft.journal), queues=data.queues.total() if data else 0,
+                          bytes=data.sizes.total if data else 0,
                           replicas=[grpc_address(m) for m in raft.members])
         return st
 

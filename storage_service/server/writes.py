@@ -18,10 +18,17 @@ import grpc
 from ..metrics import NodeMetrics
 from ..protocol.placement import META_GROUP, grpc_address
 from ..raft.group import RaftGroup
-from ..raft.groupcommit import CommitFailed
+from ..raft.groupcommit import MAX_ENTRY_ITEMS, CommitFailed
 from ..statemachine.commands import MetaCommand, Produce, ProduceItem
 from ..statemachine.data import OUT_OF_ORDER, queue_dir
 from ..protocol.errors import Backlog, NodeFull, NotLeader, OutOfOrder, ServiceError
+
+# Produce batches a group takes to commit later: 16 entries' worth (``MAX_ENTRY_ITEMS``).
+# The byte limit (--max-commit-backlog) lets through tens of thousands of small batches,
+# each to apply on the node's raft thread: more than it does within a client's attempt
+# (5 s) when they create their queues, so the attempts timed out, came again and queued
+# the same batches behind themselves (issue 39.5, one producer to 30,000 fresh queues).
+MAX_BACKLOG_ITEMS = 16 * MAX_ENTRY_ITEMS
 
 __all__ = ["NodeWrites", "produce_entry"]
 
@@ -71,7 +78,8 @@ class NodeWrites:
     def submit_produce(self, cfg: dict, queue: int, block: bytes, count: int, producer: str,
                        seq: int, in_order: bool = False, condition: tuple | None = None) -> tuple[int, Future]:
         """Hand a validated block to the group's committer; ``wait_produce`` gets the result.
-        A group whose waiting batches reached ``max_commit_backlog`` refuses it (Backlog)."""
+        A group whose waiting batches reached ``max_commit_backlog`` bytes, or
+        ``MAX_BACKLOG_ITEMS`` batches, refuses it (Backlog)."""
         g = self.group_of(cfg["name"], queue, cfg)
         raft = self.require_leader(g)
         if self.disk.low():
@@ -83,6 +91,8 @@ class NodeWrites:
         waiting = committer.waiting_bytes()
         if waiting + len(block) > self.config.max_commit_backlog and waiting:
             raise Backlog(g, waiting, self.config.max_commit_backlog)
+        if committer.waiting_items() >= MAX_BACKLOG_ITEMS:
+            raise Backlog(g, committer.waiting_items(), MAX_BACKLOG_ITEMS, items=True)
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                            self.now_ms(), count, block, in_order and bool(producer), condition)
         fut = committer.submit(item, len(block))

@@ -26,6 +26,7 @@ from typing import Callable
 from ..log.durability import DirSyncs, fatal
 from ..log.handles import OpenFiles
 from ..log.queue_log import QueueLog
+from ..log.tally import ByteCount, Unsynced
 from .queue_logs import QueueLogs
 from ..protocol import framing
 from .commands import Drop, Produce, ProduceItem, Truncate, UnknownCommand, decode_command
@@ -77,6 +78,8 @@ class DataState:
         self.segment_bytes = segment_bytes
         os.makedirs(root, exist_ok=True)
         self.dirs = DirSyncs()      # new queues' directory syncs, made by ``sync``/``sync_behind``
+        self.unsynced = Unsynced()  # queues written since ``sync_behind`` last synced them
+        self.sizes = ByteCount()    # segment bytes of the open queues (``tally.py``)
         on_disk = [n for n in os.listdir(root) if "~" in n and os.path.isdir(os.path.join(root, n))]
         self.queues = QueueLogs(self._open, on_disk)     # opened when first used
         # (earliest, next offset) of queues not opened since start, as the snapshot loaded at
@@ -113,7 +116,7 @@ class DataState:
 
     def _open(self, name: str) -> QueueLog:
         return QueueLog(os.path.join(self.root, name), self.segment_bytes, fsync=self.fsync, files=self.files,
-                        dirs=self.dirs)
+                        dirs=self.dirs, unsynced=self.unsynced, sizes=self.sizes)
 
     def queue(self, name: str, create: bool = False) -> QueueLog | None:
         q = self.queues.get(name)
@@ -283,6 +286,7 @@ class DataState:
         if q is None:
             return 0
         q.close()
+        q.uncount()
         shutil.rmtree(q.path, ignore_errors=True)
         if self._kv is not None:
             self._kv.dropped(qname)
@@ -292,8 +296,9 @@ class DataState:
         self._sync_all(QueueLog.sync)
 
     def sync_behind(self) -> None:
-        """Sync every queue from a background thread (``QueueLog.sync_behind``)."""
-        self._sync_all(QueueLog.sync_behind)
+        """Sync the queues written since the last call, from a background thread
+        (``QueueLog.sync_behind``; ``tally.Unsynced``)."""
+        self._sync_all(QueueLog.sync_behind, self.unsynced.take())
 
     def flush_kv_index(self) -> None:
         """Write the key index's rows held in memory for ``FLUSH_SECONDS`` to SQLite
@@ -301,12 +306,12 @@ class DataState:
         if self._kv is not None:
             self._kv.index.flush_held()
 
-    def _sync_all(self, sync) -> None:
+    def _sync_all(self, sync, queues: list | None = None) -> None:
         try:
             self.dirs.sync()              # new queues' directories (``DirSyncs``)
         except OSError as e:
             fatal(f"group data {self.root}: directory sync failed ({e})")
-        for q in list(self.queues.values()):
+        for q in list(self.queues.values()) if queues is None else queues:
             try:
                 sync(q)
             except OSError as e:          # never retried over lost pages (errors.fatal)

@@ -515,3 +515,60 @@ def test_leases_survive_a_snapshot_and_go_with_their_topic():
     _create(r, "t", raft_index=11)
     r.test_index = 11
     assert _lease(r, "B", 1000, now=20) == ("ok", (True, "B", 1020, 12))
+
+
+# ------------------------------------------------ what the background passes are told
+def _counted(s: DataState) -> int:
+    return sum(q.size_bytes for q in s.queues.values())
+
+
+def test_the_byte_count_follows_appends_rolls_truncates_restores_and_drops(tmp_path):
+    """``DataState.sizes`` (what a node's status reports, read in O(1)) equals the sum of
+    the open queues' segment bytes after each kind of change (tally.ByteCount)."""
+    src = _source(tmp_path)                                 # appends over rolled segments
+    assert len(src.queue(Q).segments) > 2 and src.sizes.total == _counted(src) > 0
+    src.apply(300, ("truncate", Q, src.queue(Q).segments[2].base))
+    assert src.sizes.total == _counted(src)
+    dst = DataState(str(tmp_path / "dst"), fsync=False, segment_bytes=150)
+    stale = queue_dir("gone", "old", 0)
+    dst.apply(5, _produce(stale, "", 0, 1, _msgs("x", 1)))
+    dst.apply(6, _produce(Q, "", 0, 1, _msgs("y", 1)))      # before the source's earliest: reset on restore
+    _restore_into(dst, src, src.snapshot(), 300)            # resets, fetches, drops ``stale``
+    assert dst.queue(stale) is None
+    assert dst.sizes.total == _counted(dst) == _counted(src)
+    dst.apply(301, ("drop", Q))
+    assert dst.sizes.total == _counted(dst)
+    dst.close()
+    again = DataState(str(tmp_path / "dst"), fsync=False, segment_bytes=150)   # reopened: counted as opened
+    assert again.sizes.total == 0
+    for name in again.queues.closed_names():
+        again.queue(name)
+    assert again.sizes.total == _counted(again) == _counted(src) - src.queue(Q).size_bytes
+    again.close()
+
+
+def test_a_compaction_swap_changes_the_byte_count(tmp_path):
+    from storage_service.log.compaction import CompactionPolicy, compact_queue
+    from storage_service.protocol import records
+    s = DataState(str(tmp_path), fsync=False, segment_bytes=300)
+    for i in range(12):
+        block = records.encode([b"v%d" % i], [b"k%d" % (i % 2)])
+        s.apply(i + 1, ("produce", [(Q, "", 0, 1, 1, block)]))
+    before = s.sizes.total
+    res = compact_queue(s.queue(Q), CompactionPolicy(s.queue(Q).next_offset, 10**12, 0, 0),
+                        s.queue(Q).next_offset)
+    assert res.records_dropped > 0
+    assert s.sizes.total == _counted(s) < before
+
+
+def test_the_background_sync_visits_only_the_queues_written_since_it_last_ran(tmp_path):
+    s = DataState(str(tmp_path), fsync=True)
+    names = [queue_dir("t", "i", q) for q in range(5)]
+    for i, name in enumerate(names):
+        s.apply(i + 1, _produce(name, "", 0, 1, _msgs("a", 1)))
+    assert len(s.unsynced) == 5 and all(s.queue(n)._dirty for n in names)
+    s.sync_behind()
+    assert len(s.unsynced) == 0 and not any(s.queue(n)._dirty for n in names)
+    s.apply(10, _produce(names[3], "", 0, 1, _msgs("b", 1)))
+    assert s.unsynced.take() == [s.queue(names[3])]
+    s.close()
