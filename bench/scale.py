@@ -91,7 +91,7 @@ def _topics(n: int) -> list[tuple[str, int]]:
     return out
 
 
-def one(queues: int, where: str, say) -> dict:
+def one(queues: int, where: str, say, in_flight: int = 0) -> dict:
     data = tempfile.mkdtemp(prefix=f"scale-{queues}-", dir=where)
     cluster = LocalCluster(nodes=3, groups=4, data_dir=data)
     cluster.start(timeout=120)
@@ -107,7 +107,12 @@ def one(queues: int, where: str, say) -> dict:
             say(f"  {queues:,} queues: created in {row['create_s']:.1f} s")
             pairs = [(name, q) for name, k in topics for q in range(k)]
             t = time.perf_counter()
-            for i in range(0, len(pairs), PER_CALL):
+            if in_flight:                   # one pipelined producer: a message to each queue, then flush
+                with c.producer(max_in_flight=in_flight) as p:
+                    sent = [p.send(name, q, [Message(b"v" * 100)]) for name, q in pairs]
+                    p.flush()
+                assert all(f.result().count == 1 for f in sent)
+            for i in range(0, 0 if in_flight else len(pairs), PER_CALL):
                 c.produce_batches([(name, q, [Message(b"v" * 100)]) for name, q in pairs[i:i + PER_CALL]])
                 if (i // PER_CALL) % 20 == 19:
                     say(f"  {queues:,} queues: produced to {i + PER_CALL:,}")
@@ -416,9 +421,11 @@ def file_system(path: str) -> str:
     return f"{kind} on {mnt} ({dev})"
 
 
-def queues_part(counts: list[int], where: str, say) -> list[dict]:
-    print(f"data in {where}: {file_system(where)}")
-    rows = [one(n, where, say) for n in counts]
+def queues_part(counts: list[int], where: str, say, in_flight: int = 0) -> list[dict]:
+    print(f"data in {where}: {file_system(where)}; first produce: "
+          + (f"one producer, {in_flight} requests in flight a node" if in_flight else
+             f"produce_batches of {PER_CALL} queues, one call at a time"))
+    rows = [one(n, where, say, in_flight) for n in counts]
     head = ["queues", "create s", "produce s", "read ms/q", "RSS MB", "RSS KB/q", "open files",
             "disk MB/node", "meta KB", "restart s", "/metrics KB", "/metrics s", "series", "queues per-topic only"]
     print("\n| " + " | ".join(head) + " |")
@@ -470,6 +477,9 @@ def main(argv=None) -> int:
                    help="parts to run (repeatable; default all)")
     p.add_argument("--rounds", type=int, default=3, help="alternating runs of the pipeline part (3)")
     p.add_argument("--queues", type=int, action="append", help="queue counts (repeatable; default 1000, 10000)")
+    p.add_argument("--in-flight", type=int, default=0,
+                   help="queues part: the first produce by one pipelined producer with this many requests "
+                        "in flight a node (default: produce_batches, one call at a time)")
     p.add_argument("--dir", default=None, help="where the clusters' data go (default: the temp dir)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     p.add_argument("--nodes", type=int, action="append", help="node counts (repeatable; default 3, 6, 9)")
@@ -492,7 +502,7 @@ def main(argv=None) -> int:
     say = lambda line: print(line, flush=True)      # noqa: E731
     out: dict = {}
     if "queues" in parts:
-        out["queues"] = queues_part(a.queues or [1000, 10000], where, say)
+        out["queues"] = queues_part(a.queues or [1000, 10000], where, say, a.in_flight)
     if "nodes" in parts:
         out["nodes"] = nodes_part(a, where, say)
     if "pipeline" in parts:
