@@ -211,13 +211,16 @@ class QueueLog(SegmentSwaps, QueueReads):
         if self.files is not None:
             self.files.changed(self, self._open_count())
 
-    def release_files(self) -> bool:
+    def release_files(self, clean_only: bool = False) -> bool:
         """Close every file this log holds open, after syncing what it wrote; the
         next append or read opens them again. False (nothing done) while another
-        thread holds the log: the caller never waits on it."""
+        thread holds the log: the caller never waits on it; or, with ``clean_only``,
+        while it has writes not synced yet."""
         if not self.lock.acquire(blocking=False):
             return False
         try:
+            if clean_only and self._dirty and self._wfd is not None:
+                return False
             try:
                 self.sync()
             except OSError as e:           # a failed sync is never retried over lost pages

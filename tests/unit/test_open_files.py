@@ -76,3 +76,23 @@ def test_a_queue_in_use_is_passed_over_and_closing_syncs_first(tmp_path):
     assert _values(busy) == [b"x", b"z"]
     for q in (busy, other):
         q.close()
+
+
+def test_an_eviction_closes_synced_queues_before_it_syncs_any(tmp_path):
+    """Over the budget, the least used queues whose writes are synced close first; one with
+    writes not synced yet (it would fdatasync on the appending thread) only if that is not
+    enough."""
+    files = OpenFiles(limit=10)
+    queues = [QueueLog(str(tmp_path / f"q{i}"), files=files) for i in range(10)]
+    for i, q in enumerate(queues):                   # q0 used least recently
+        _append(q, b"%d" % i)
+    for q in queues[5:]:
+        q.sync()                                     # the 5 most recent are clean, the 5 oldest dirty
+    _append(QueueLog(str(tmp_path / "new"), files=files), b"n")     # 11 > 10: evict down to 8
+    assert [q._wfd is None for q in queues] == [False] * 5 + [True, True, True, False, False]
+    assert all(q._dirty for q in queues[:5])         # nothing synced on the appending thread
+    more = [QueueLog(str(tmp_path / f"m{i}"), files=files) for i in range(3)]
+    for q in more:                                   # only dirty ones left to close: they sync first
+        _append(q, b"m")
+    assert files.count <= files.limit and queues[0]._wfd is None and not queues[0]._dirty
+    assert [_values(q) for q in queues] == [[b"%d" % i] for i in range(10)]
