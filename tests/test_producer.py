@@ -153,18 +153,21 @@ def test_a_backlog_of_many_small_batches_refuses_with_resource_exhausted_naming_
         followers = [pcluster.pid(i) for i in range(3) if i != leader]
         batches = [rmq_pb2.ProduceRequest(topic="many-small", queue=0, records=encode([b"%d" % i]), count=1)
                    for i in range(2000)]
-        backlog = ("rmq_commit_backlog_batches", (("group", str(group)),))
+        refused_so_far = ("rmq_produce_backlog_refused_total", ())
+        before = scrape(pcluster, leader).get(refused_so_far, 0)
         for pid in followers:
             os.kill(pid, signal.SIGSTOP)
         try:
             call = _stub(pcluster, leader).ProduceBatches.future(
                 rmq_pb2.ProduceBatchesRequest(batches=batches), timeout=120)
-            wait_until(lambda: scrape(pcluster, leader).get(backlog) == MAX_BACKLOG_ITEMS, timeout=60,
-                       what=lambda: f"the leader's backlog at its limit: {scrape(pcluster, leader).get(backlog)}")
+            # (the followers stay stopped until the leader has refused one: the backlog was full)
+            wait_until(lambda: scrape(pcluster, leader).get(refused_so_far, 0) > before, timeout=60,
+                       what="a batch refused by the leader")
         finally:
             for pid in followers:
                 os.kill(pid, signal.SIGCONT)
         outs = call.result().outcomes
+        assert scrape(pcluster, leader)[("rmq_commit_backlog_batches", (("group", str(group)),))] == 0
         refused = [o for o in outs if o.code]
         assert refused, "2,000 batches to one group with its followers stopped met no limit"
         for o in refused:

@@ -43,6 +43,9 @@ class NodeMetrics:
                                          registry=r)
         self.produced_bytes = Counter("rmq_produce_bytes", "Bytes of record blocks committed by produce "
                                       "requests this node led", registry=r)
+        self.backlog_refusals = Counter("rmq_produce_backlog_refused", "Produce batches refused because "
+                                        "their group's commit backlog was at its limit (bytes or batches)",
+                                        registry=r)
         self.fetched_messages = Counter("rmq_fetch_messages", "Offsets fetches served here advanced "
                                         "their readers by", registry=r)
         self.fetched_bytes = Counter("rmq_fetch_bytes", "Bytes of record batches fetches served here "

@@ -89,10 +89,15 @@ class NodeWrites:
             self._require_room_on_a_majority(g, raft, short)
         committer = self.committers[g]
         waiting = committer.waiting_bytes()
+        refusal = None
         if waiting + len(block) > self.config.max_commit_backlog and waiting:
-            raise Backlog(g, waiting, self.config.max_commit_backlog)
-        if committer.waiting_items() >= MAX_BACKLOG_ITEMS:
-            raise Backlog(g, committer.waiting_items(), MAX_BACKLOG_ITEMS, items=True)
+            refusal = Backlog(g, waiting, self.config.max_commit_backlog)
+        elif committer.waiting_items() >= MAX_BACKLOG_ITEMS:
+            refusal = Backlog(g, committer.waiting_items(), MAX_BACKLOG_ITEMS, items=True)
+        if refusal is not None:
+            if self.metrics is not None:
+                self.metrics.backlog_refusals.inc()
+            raise refusal
         item = ProduceItem(queue_dir(cfg["name"], cfg["incarnation"], queue), producer, seq,
                            self.now_ms(), count, block, in_order and bool(producer), condition)
         fut = committer.submit(item, len(block))
