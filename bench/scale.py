@@ -112,10 +112,11 @@ def one(queues: int, where: str, say, in_flight: int = 0) -> dict:
                     sent = [p.send(name, q, [Message(b"v" * 100)]) for name, q in pairs]
                     p.flush()
                 assert all(f.result().count == 1 for f in sent)
-            for i in range(0, 0 if in_flight else len(pairs), PER_CALL):
-                c.produce_batches([(name, q, [Message(b"v" * 100)]) for name, q in pairs[i:i + PER_CALL]])
-                if (i // PER_CALL) % 20 == 19:
-                    say(f"  {queues:,} queues: produced to {i + PER_CALL:,}")
+            else:
+                for i in range(0, len(pairs), PER_CALL):
+                    c.produce_batches([(name, q, [Message(b"v" * 100)]) for name, q in pairs[i:i + PER_CALL]])
+                    if (i // PER_CALL) % 20 == 19:
+                        say(f"  {queues:,} queues: produced to {i + PER_CALL:,}")
             row["produce_s"] = time.perf_counter() - t
             say(f"  {queues:,} queues: one message each in {row['produce_s']:.1f} s")
             t = time.perf_counter()

@@ -68,7 +68,7 @@ class Upkeep:
                 continue
             for name, ql in list(st.queues.items()):
                 topic, inc, q = parse_queue_dir(name)
-                cfg = topics.get(topic)
+                cfg = topics[topic]
                 if cfg is None or cfg["incarnation"] != inc:
                     if self.meta.is_deleted(inc):
                         self._commit(raft, Drop(name).encode())
@@ -94,7 +94,7 @@ class Upkeep:
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
                 topic, inc, q = parse_queue_dir(name)
-                cfg = topics.get(topic)
+                cfg = topics[topic]
                 if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
                     continue
                 policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
@@ -135,9 +135,6 @@ class _Topics(dict):
     def __missing__(self, topic: str) -> dict | None:
         cfg = self[topic] = self._meta.topic(topic)
         return cfg
-
-    def get(self, topic: str) -> dict | None:
-        return self[topic]
 
 
 def expire_keys(node, limit: int = 1000) -> int:

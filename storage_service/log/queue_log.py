@@ -33,6 +33,18 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 8 << 20
 
 
+def _made(path: str) -> bool:
+    """Make a new queue's directory, in one call rather than a look first (issue 39.5);
+    False if it is there already."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:          # (its parent too)
+        os.makedirs(path)
+    return True
+
+
 class QueueLog(SegmentSwaps, QueueReads):
     """An append-only log of record batches for one queue.
 
@@ -82,15 +94,10 @@ class QueueLog(SegmentSwaps, QueueReads):
         self.unsynced = unsynced if fsync else None
         self.sizes = sizes
         self._size = 0        # segment bytes as last counted in ``sizes``
-        try:
-            os.mkdir(path)             # a new queue (one call, not a look first: issue 39.5)
-        except FileExistsError:
-            self._open()
-        except FileNotFoundError:      # (its parent too)
-            os.makedirs(path)
+        if _made(path):
             self._create(dirs)
         else:
-            self._create(dirs)
+            self._open()
         self._resized()
 
     # ------------------------------------------------------------------ open

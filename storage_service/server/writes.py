@@ -92,8 +92,8 @@ class NodeWrites:
         refusal = None
         if waiting + len(block) > self.config.max_commit_backlog and waiting:
             refusal = Backlog(g, waiting, self.config.max_commit_backlog)
-        elif committer.waiting_items() >= MAX_BACKLOG_ITEMS:
-            refusal = Backlog(g, committer.waiting_items(), MAX_BACKLOG_ITEMS, items=True)
+        elif (batches := committer.waiting_items()) >= MAX_BACKLOG_ITEMS:
+            refusal = Backlog(g, batches, MAX_BACKLOG_ITEMS, items=True)
         if refusal is not None:
             if self.metrics is not None:
                 self.metrics.backlog_refusals.inc()
