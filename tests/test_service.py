@@ -538,6 +538,20 @@ def test_compact_topic_refuses_a_keyless_message_and_writes_nothing_of_the_batch
     client.produce(name, [Message(value=b"v", key=b"k")], queue=0)   # keyed messages pass
 
 
+def test_a_one_message_block_is_checked_like_any_block(client):
+    """A one-message block is checked without a full parse (records.sound_single); a
+    compact topic still refuses it keyless, and a tombstone with a key passes."""
+    name = "compact-single"
+    client.create_topic(name, queues=1, cleanup_policy="compact")
+    with pytest.raises(InvalidArgument) as exc:
+        client.produce_batches([(name, 0, [Message(value=b"v")])])
+    assert (f"topic '{name}' has cleanup policy compact: every message needs a key "
+            "(message 0 of the batch has none)") in str(exc.value)
+    assert client.offsets(name)[0].latest == 0
+    client.produce_batches([(name, 0, [Message(value=None, key=b"k")])])
+    assert [(r.key, r.value) for r in client.fetch(name, 0, 0).records] == [(b"k", None)]
+
+
 @pytest.mark.parametrize("path", ["records", "messages", "spread", "batches"])
 def test_tombstone_null_value_stays_distinct_from_an_empty_value(client, path):
     name = f"tombstones-{path}"

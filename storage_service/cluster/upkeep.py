@@ -61,22 +61,22 @@ class Upkeep:
         """On groups this node leads: propose prefix truncation and queue drops."""
         now_ms = now_ms or self.now_ms()
         proposed = 0
-        topics = _Topics(self.meta)
+        live = _live_topics(self.meta)
         for g, st in self.states.items():
             raft = self.groups[g]
             if not raft.is_leader:
                 continue
             for name, ql in list(st.queues.items()):
-                topic, inc, q = parse_queue_dir(name)
-                cfg = topics[topic]
-                if cfg is None or cfg["incarnation"] != inc:
-                    if self.meta.is_deleted(inc):
+                cut_at = name.rindex("~") + 1
+                cfg = live.get(name[:cut_at])
+                if cfg is None:
+                    if self.meta.is_deleted(parse_queue_dir(name)[1]):
                         self._commit(raft, Drop(name).encode())
                         proposed += 1
                     continue
                 if len(ql.segments) < 2:
                     continue            # the active segment is never cut (retention.py)
-                cut = self._cutoff(cfg, q, ql, now_ms)
+                cut = self._cutoff(cfg, int(name[cut_at:]), ql, now_ms)
                 if cut > ql.earliest:
                     self._commit(raft, Truncate(name, cut).encode())
                     proposed += 1
@@ -90,14 +90,21 @@ class Upkeep:
         """
         now_ms = now_ms or self.now_ms()
         dropped = 0
-        topics = _Topics(self.meta)
+        compact = {prefix: cfg for prefix, cfg in _live_topics(self.meta).items()
+                   if cfg["cleanup_policy"] == "compact"}
+        if not compact:
+            return 0
+        marks: dict[str, dict[int, int]] = {}      # a topic's watermarks, copied once a pass
         for st in self.states.values():
             for name, ql in list(st.queues.items()):
-                topic, inc, q = parse_queue_dir(name)
-                cfg = topics[topic]
-                if cfg is None or cfg["incarnation"] != inc or cfg["cleanup_policy"] != "compact":
+                cut_at = name.rindex("~") + 1
+                cfg = compact.get(name[:cut_at])
+                if cfg is None:
                     continue
-                policy = CompactionPolicy(self.meta.watermark(topic, "compaction").get(q, 0), now_ms,
+                topic, q = cfg["name"], int(name[cut_at:])
+                if topic not in marks:
+                    marks[topic] = self.meta.watermark(topic, "compaction")
+                policy = CompactionPolicy(marks[topic].get(q, 0), now_ms,
                                           cfg["delete_retention_ms"], cfg["min_compaction_lag_ms"])
                 end = cleanable_end(ql, policy)
                 settings = (end, policy.delete_retention_ms)
@@ -124,17 +131,11 @@ class Upkeep:
         return retention_cutoff(segs, now_ms, time_ms, cfg["retention_bytes"], protected)
 
 
-class _Topics(dict):
-    """Topic configs looked up once per pass: a topic's thousands of queues share one
-    (``meta.topic`` copies the config under the metadata lock on every call)."""
-
-    def __init__(self, meta):
-        super().__init__()
-        self._meta = meta
-
-    def __missing__(self, topic: str) -> dict | None:
-        cfg = self[topic] = self._meta.topic(topic)
-        return cfg
+def _live_topics(meta) -> dict[str, dict]:
+    """Each topic's config by the prefix of its queues' directory names (``TOPIC~INCARNATION~``),
+    read once a pass: a pass visits every queue of the node (100,000 and more), and a
+    queue of a deleted or recreated topic matches none."""
+    return {f"{cfg['name']}~{cfg['incarnation']}~": cfg for cfg in meta.list_topics()}
 
 
 def expire_keys(node, limit: int = 1000) -> int:

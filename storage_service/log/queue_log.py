@@ -423,6 +423,26 @@ class QueueLog(SegmentSwaps, QueueReads):
         finally:
             os.close(fd)
 
+    def sync_mark(self) -> tuple | None:
+        """What this queue has to sync, taken before a sync of the whole file system
+        (``DataState``'s bulk sync): None if nothing."""
+        with self.lock:
+            if not (self._dirty and self._wfd is not None and self.fsync_enabled):
+                return None
+            return self._appends, self.segments[-1], self.segments[-1].size
+
+    def synced(self, mark: tuple) -> None:
+        """The file system was synced after ``sync_mark`` returned ``mark``: clean unless
+        appended to since; what was synced leaves the page cache as in ``sync_behind``."""
+        appends, seg, size = mark
+        with self.lock:
+            if self._appends == appends:
+                self._dirty = False
+            if self.segments[-1] is seg and self._wfd is not None:
+                drop = self._claim_uncached(size)
+                if drop:
+                    drop_pages(self._wfd, *drop)
+
     def _claim_uncached(self, synced: int) -> tuple[int, int] | None:
         """The active segment's range to drop from the page cache once ``synced``
         bytes of it are on disk: all but the last ``cache_bytes`` (lock held)."""

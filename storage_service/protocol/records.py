@@ -35,7 +35,7 @@ from typing import Iterator, Mapping, Sequence
 import numpy as np
 
 __all__ = ["Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "concat", "encode", "parse", "last_delta",
-           "min_block_size", "iter_rows", "select"]
+           "min_block_size", "iter_rows", "select", "sound_single"]
 
 _I32 = np.dtype("<i4")
 _U32 = np.dtype("<u4")
@@ -46,6 +46,9 @@ _KNOWN_FLAGS = FLAG_KEY | FLAG_NULL_VALUE
 _LEN = struct.Struct("<i")
 _LAST_DELTA = struct.Struct("<I")       # an offset_delta entry, read without parsing
 _MAX_I32 = (1 << 31) - 1
+_SINGLE_HEAD = struct.Struct("<IqBii")  # one record: offset_delta, born_ts, flags, key_off[0..1]
+_PAIR = struct.Struct("<ii")            # a column's offsets [0, length] for one record
+_NO_PROPERTIES = struct.Struct("<iiii")  # prop_off [0, 0], pk_off [0], pv_off [0]
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,37 @@ def _check_flags(flags: np.ndarray, value_off: np.ndarray) -> None:
     if bad.any():
         raise ValueError(f"records block: message {int(bad.argmax())} has a null value "
                          "but value bytes")
+
+
+def sound_single(block) -> tuple[int, bool] | None:
+    """A produced block of one record without properties, checked with ``struct``:
+    ``(message bytes, has key)`` when ``parse(block, 1)`` would accept it with offset
+    delta 0, else None (anything else: parse it, which also names what is wrong).
+
+    A producer writing to many queues sends one-record blocks by the hundred per
+    call; ``parse`` takes ~35 us of numpy calls for each, this ~3 us (issue 39.5).
+    """
+    try:
+        delta, _, flags, k0, klen = _SINGLE_HEAD.unpack_from(block, 0)
+        if delta or k0 or klen < 0 or flags & ~_KNOWN_FLAGS:
+            return None
+        pos = _SINGLE_HEAD.size + klen
+        v0, vlen = _PAIR.unpack_from(block, pos)
+        if v0 or vlen < 0 or (flags & FLAG_NULL_VALUE and vlen):
+            return None
+        pos += _PAIR.size + vlen
+        t0, tlen = _PAIR.unpack_from(block, pos)
+        if t0 or tlen < 0:
+            return None
+        tags = pos + _PAIR.size
+        pos = tags + tlen
+        if any(_NO_PROPERTIES.unpack_from(block, pos)) or pos + _NO_PROPERTIES.size != len(block):
+            return None
+        if tlen:
+            bytes(block[tags:pos]).decode("utf-8")
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return klen + vlen + tlen, bool(flags & FLAG_KEY)
 
 
 def parse(block, n: int, check: bool = True) -> Columns:

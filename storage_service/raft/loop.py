@@ -275,6 +275,9 @@ class RaftLoop:
             for g in self.groups:
                 if g.tick_due(now, self.tick):
                     g.tick(0.0)
+            ticked = time.monotonic()
+            if ticked - now > WARN_LATE:
+                self._ticks_held_up(ticked - now)
             wait, now = self.timer_period, time.monotonic()
             for g in self.groups:
                 due = g.commit_notice_due
@@ -301,6 +304,14 @@ class RaftLoop:
             self.poller.poll(0)
         except Exception:
             log.exception("raft loop: poll failed")
+
+    def _ticks_held_up(self, took: float) -> None:
+        """The groups' ticks took ``took`` seconds: applying entries (a new queue's files,
+        an eviction's syncs; issue 39.5) or a snapshot. No socket was read meanwhile,
+        so every group's heartbeats waited as long (the next poll reads them before
+        any group ticks again)."""
+        log.warning("raft loop: the groups' ticks took %.2f s; replies and heartbeats of every "
+                    "group of this node waited as long", took)
 
     def stop(self) -> None:
         self._running = False

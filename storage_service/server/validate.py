@@ -99,11 +99,17 @@ def validate_produce(node, request) -> tuple[dict, bytes, int]:
     cfg, count = _produce_head(node, request)
     if request.records:
         block = request.records
-        cols = parse_block(block, count)
+        single = records.sound_single(block) if count == 1 else None
+        if single is not None:          # one record: checked without numpy (sound_single)
+            _check_size(node, 0, single[0])
+            check_batch_bytes(node, len(block))
+            if cfg["cleanup_policy"] == "compact" and not single[1]:
+                _refuse_keyless(cfg, 0)
+        else:
+            check_block(node, cfg, parse_block(block, count))
     else:
         block = messages_to_block(request.messages)
-        cols = records.parse(block, count, check=False)     # encoded just now: sound by construction
-    check_block(node, cfg, cols)
+        check_block(node, cfg, records.parse(block, count, check=False))   # sound by construction
     if request.queue >= 0:
         check_queue(cfg, request.queue)
     return cfg, block, count
@@ -169,18 +175,25 @@ def parse_block(block: bytes, count: int) -> records.Columns:
 def check_block(node, cfg: dict, cols: records.Columns, index: list[int] | None = None) -> None:
     """A block's messages against the node's limits and the topic's policy; ``index``: the
     request's number of each message, where the block is a part of the request."""
-    limit = node.config.max_message_bytes
     sizes = cols.message_sizes()
     big = int(sizes.argmax())
-    if sizes[big] > limit:
-        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                           f"message {big if index is None else index[big]} is {int(sizes[big])} bytes; "
-                           f"the limit is {limit} bytes")
+    _check_size(node, big if index is None else index[big], int(sizes[big]))
     check_batch_bytes(node, cols.size)
     if cfg["cleanup_policy"] == "compact" and (keyless := ~cols.has_key()).any():
         i = int(keyless.argmax())
-        raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
-                      f"a key (message {i if index is None else index[i]} of the batch has none)")
+        _refuse_keyless(cfg, i if index is None else index[i])
+
+
+def _check_size(node, i: int, size: int) -> None:
+    limit = node.config.max_message_bytes
+    if size > limit:
+        raise ServiceError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                           f"message {i} is {size} bytes; the limit is {limit} bytes")
+
+
+def _refuse_keyless(cfg: dict, i: int) -> None:
+    raise invalid(f"topic {cfg['name']!r} has cleanup policy compact: every message needs "
+                  f"a key (message {i} of the batch has none)")
 
 
 def check_batch_bytes(node, size: int) -> None:

@@ -23,7 +23,7 @@ import shutil
 import threading
 from typing import Callable
 
-from ..log.durability import DirSyncs, fatal
+from ..log.durability import HAS_SYNCFS, DirSyncs, fatal, syncfs
 from ..log.handles import OpenFiles
 from ..log.queue_log import QueueLog
 from ..log.tally import ByteCount, Unsynced
@@ -61,6 +61,11 @@ def apply_position(raft_index: int, item: int) -> int:
 
 def queue_dir(topic: str, incarnation: str, queue: int) -> str:
     return f"{topic}~{incarnation}~{queue}"
+
+
+# A sync round (the background one, a snapshot's) with this many queues written syncs the
+# file system once (``durability.syncfs``), not each queue (issue 39.5).
+BULK_SYNC_QUEUES = 32
 
 
 def parse_queue_dir(name: str) -> tuple[str, str, int]:
@@ -307,15 +312,33 @@ class DataState:
             self._kv.index.flush_held()
 
     def _sync_all(self, sync, queues: list | None = None) -> None:
+        queues = list(self.queues.values()) if queues is None else queues
+        if self.fsync and HAS_SYNCFS and len(queues) >= BULK_SYNC_QUEUES:
+            marked = [(q, m) for q in queues if (m := q.sync_mark()) is not None]
+            if len(marked) >= BULK_SYNC_QUEUES:
+                self._bulk_sync(marked)
+                return
+            queues = [q for q, _ in marked]         # the others had nothing to sync
         try:
             self.dirs.sync()              # new queues' directories (``DirSyncs``)
         except OSError as e:
             fatal(f"group data {self.root}: directory sync failed ({e})")
-        for q in list(self.queues.values()) if queues is None else queues:
+        for q in queues:
             try:
                 sync(q)
             except OSError as e:          # never retried over lost pages (errors.fatal)
                 fatal(f"queue {q.path}: segment sync failed ({e})")
+
+    def _bulk_sync(self, marked: list) -> None:
+        """One ``syncfs`` for a round with ``BULK_SYNC_QUEUES`` or more queues to sync
+        (``QueueLog.sync_mark``), their new directories with them."""
+        try:
+            with self.dirs.covered():
+                syncfs(self.root)
+        except OSError as e:              # never retried over lost pages (durability.fatal)
+            fatal(f"group data {self.root}: file system sync failed ({e})")
+        for q, mark in marked:
+            q.synced(mark)
 
     def close(self) -> None:
         for q in list(self.queues.values()):

@@ -154,25 +154,34 @@ def test_new_file_needs_its_directory_synced(root, undo, case, names, expect):
         assert not report.removed
 
 
-@pytest.mark.parametrize("synced", [False, True])
-def test_a_new_queue_is_durable_once_its_data_state_synced(root, undo, synced):
+@pytest.mark.parametrize("synced,queues", [(False, 3), (True, 3), ("sync", 40), ("sync_behind", 40)],
+                         ids=["unsynced", "synced", "bulk-sync", "bulk-sync-behind"])
+def test_a_new_queue_is_durable_once_its_data_state_synced(root, undo, synced, queues):
     """A new queue's directory syncs wait for the data state's next sync (``DirSyncs``):
     before it a power loss may take the queue's files (the raft journal replays
-    them); after it, the sync a snapshot makes first, they are all there."""
+    them); after it, the sync a snapshot makes first, they are all there. With 32
+    queues or more to sync, a sync round (the snapshot's, the background one) syncs
+    the file system once (``syncfs``) instead of each queue and directory."""
     report = crash(root, undo, f"""
         sys.path.insert(0, {os.getcwd()!r})
+        import storage_service.statemachine.data as data
         from storage_service.statemachine.data import DataState, queue_dir
         from tests.unit._helpers import encode_values
+        whole = []
+        data.syncfs = lambda path, syncfs=data.syncfs: (whole.append(path), syncfs(path))
         st = DataState("data", fsync=True)
-        st.apply(1, ("produce", [(queue_dir("t", "i", q), "", 0, 1, 1, encode_values([b"m"])) for q in range(3)]))
-        assert len(st.dirs) == 4                 # the group's directory and the three queues'
+        n = {queues!r}
+        st.apply(1, ("produce", [(queue_dir("t", "i", q), "", 0, 1, 1, encode_values([b"m"])) for q in range(n)]))
+        assert len(st.dirs) == n + 1             # the group's directory and each queue's
         if {synced!r}:
-            st.sync()
+            st.sync_behind() if {synced!r} == "sync_behind" else st.sync()
             assert len(st.dirs) == 0
+            assert len(whole) == (n >= data.BULK_SYNC_QUEUES), whole
+            assert not any(q._dirty for q in st.queues.values())
     """)
     logs = sorted(str(p) for p in (root / "data").glob("*/*.log"))
     if synced:
-        assert len(logs) == 3 and all(os.path.getsize(p) > 0 for p in logs), report.summary()
+        assert len(logs) == queues and all(os.path.getsize(p) > 0 for p in logs), report.summary()
         assert not report.removed
     else:
         # each queue's .log (its index files come with its first index entry, past 64 KiB)

@@ -324,7 +324,7 @@ def test_text_that_is_not_utf8_is_an_error(section, data):
 
 def test_all_names_are_exported():
     assert set(records.__all__) == {"Columns", "FLAG_KEY", "FLAG_NULL_VALUE", "concat", "encode", "parse",
-                                    "last_delta", "iter_rows", "select", "min_block_size"}
+                                    "last_delta", "iter_rows", "select", "min_block_size", "sound_single"}
 
 
 @pytest.mark.parametrize("keys, tags, props", [

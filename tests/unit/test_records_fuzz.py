@@ -96,3 +96,51 @@ def test_row_at_refuses_what_parse_refuses_whichever_row_is_asked(block, why, de
         records.parse(block, 2, check=False)
     with pytest.raises(ValueError, match=why):
         records.row_at(block, 2, delta)
+
+
+def _single_by_parse(block) -> tuple[int, bool] | None:
+    """What ``sound_single`` must answer, from the full numpy parse (None: parse refuses it,
+    or it is not a one-record block with delta 0 and no properties)."""
+    try:
+        cols = records.parse(block, 1)
+    except ValueError:
+        return None
+    if cols.offset_delta[0] != 0 or cols.prop_off[-1]:
+        return None
+    return int(cols.message_sizes()[0]), bool(cols.has_key()[0])
+
+
+_ONE = st.tuples(st.one_of(st.none(), st.binary(max_size=12)), st.one_of(st.none(), st.binary(max_size=6)),
+                 st.text(max_size=4), st.integers(-2 ** 40, 2 ** 40))
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(_ONE, st.data())
+def test_one_record_check_agrees_with_parse_on_changed_bytes(row, data):
+    """The produce path checks a one-record block with ``struct`` (``sound_single``):
+    it accepts exactly the blocks the full parse accepts (with delta 0 and no
+    properties) and reads the same message size and key flag, however the bytes
+    were changed; a block it does not accept goes to the full parse."""
+    value, key, tags, born = row
+    block = bytearray(records.encode([value], [key], [tags], None, [born]))
+    assert records.sound_single(bytes(block)) == _single_by_parse(bytes(block)) is not None
+    for _ in range(data.draw(st.integers(0, 3))):
+        i = data.draw(st.integers(0, len(block) - 1))
+        block[i] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, 2))       # a truncated or padded block too
+    changed = bytes(block[:len(block) - cut]) if data.draw(st.booleans()) else bytes(block) + bytes(cut)
+    assert records.sound_single(changed) == _single_by_parse(changed)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.binary(max_size=80))
+def test_one_record_check_agrees_with_parse_on_random_bytes(block):
+    assert records.sound_single(block) == _single_by_parse(block)
+
+
+def test_one_record_check_leaves_properties_and_other_deltas_to_parse():
+    with_props = records.encode([b"v"], None, None, [{"a": "b"}])
+    assert records.parse(with_props, 1) and records.sound_single(with_props) is None
+    later = records.encode([b"v"], offset_deltas=[3])
+    assert records.parse(later, 1) and records.sound_single(later) is None
+    assert records.sound_single(records.encode([None], [b"k"])) == (1, True)   # a tombstone
