@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from rmq_spark.client import Client
-from rmq_spark.client._produce_wire import ProduceTransport, WireCallError
+from rmq_spark.client._produce_wire import ProduceTransport, WireCallError, _Connection
 from rmq_spark.client.errors import (FailedPrecondition, InvalidArgument, KvConflict, NotFound, NotLeader,
                                      OutOfRange)
 from storage_service.protocol.fetch_wire import decode_fetch_response
@@ -258,6 +258,34 @@ def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
     assert 0.4 < time.monotonic() - t0 < 5
     assert all(c.closed for c in t._conns["produce"])
     t.close()
+    srv.close()
+    for c in conns:
+        c.close()
+
+
+def test_an_idle_connections_reader_wakes_for_a_new_calls_deadline():
+    """An idle connection's reader sleeps until it would close the connection (30 s),
+    not waking every 0.1 s; a call sent meanwhile wakes it, so a node that never
+    answers still fails the call at the call's own deadline."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    conns = []
+
+    def accept():
+        c, _ = srv.accept()
+        conns.append(c)
+        recv_exact(c, HELLO.size)
+        c.sendall(hello())                       # then silence
+
+    threading.Thread(target=accept, daemon=True).start()
+    conn = _Connection(f"127.0.0.1:{srv.getsockname()[1]}", timeout=5)
+    wait_until(lambda: conn._asleep_until > time.monotonic() + 20, timeout=10, what="the reader asleep, idle")
+    t0 = time.monotonic()
+    fut = conn.call(b"", timeout=0.5)
+    with pytest.raises(WireCallError) as e:
+        fut.result(10)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 0.4 < time.monotonic() - t0 < 5
+    assert conn.closed
     srv.close()
     for c in conns:
         c.close()
