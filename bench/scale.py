@@ -469,21 +469,32 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     offered = a.offered if a.offered is not None else round(rows[0]["msgs_per_s"] / 2, -3)
     if offered:
         rows += [nodes_run(n, a.producers, a.seconds, where, say, rate=offered, fsync=a.fsync) for n in a.nodes]
-    sweep = [p for p in a.sweep if p != a.producers]
+    sweep, sweep_lines = [p for p in a.sweep if p != a.producers], []
     if sweep:
         data = tempfile.mkdtemp(prefix="scale-sweep-", dir=where)
         n = a.nodes[0]
         cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync).start(timeout=180)
+        # Each producer count between two runs of the base count on the same cluster, and
+        # measured against their mean: consecutive runs drift (the data grows), and a ratio
+        # to the run before alone counted the drift against the larger count.
+        sweep_rows = []
         try:
-            for p in [a.producers] + sweep:
-                rows.append(nodes_run(n, p, a.seconds, where, say, fsync=a.fsync, cluster=cluster))
+            for p in [a.producers] + [x for p in sweep for x in (p, a.producers)]:
+                sweep_rows.append(nodes_run(n, p, a.seconds, where, say, fsync=a.fsync, cluster=cluster))
         finally:
             cluster.stop()
             shutil.rmtree(data, ignore_errors=True)
+        rows += sweep_rows
+        for i in range(1, len(sweep_rows), 2):
+            r, base = sweep_rows[i], (sweep_rows[i - 1]["msgs_per_s"] + sweep_rows[i + 1]["msgs_per_s"]) / 2
+            sweep_lines.append(f"{n} nodes, {r['producers']} producers against {a.producers}: "
+                               f"{r['msgs_per_s'] / base:.2f}x msgs/s ({r['msgs_per_s']:,.0f} against {base:,.0f}, "
+                               f"the mean of the {a.producers}-producer runs before and after it on the same cluster)")
     print(f"\n{len(rows)} runs of {a.seconds:.0f} s: 2N data groups, 8N queues, 3 replicas, 1 KiB messages, "
           f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
           f"ratios against the first row of the same producers and load kind")
     print(nodes_table(rows))
+    print("\n".join(["", *sweep_lines]) if sweep_lines else "", end="\n" if sweep_lines else "")
     print("\nNode CPU per acked message by thread role, summed over the nodes (rmq_thread_cpu_seconds_total):")
     print(threads_table(rows))
     return rows
