@@ -33,6 +33,13 @@ MAX_BACKLOG_ITEMS = 16 * MAX_ENTRY_ITEMS
 __all__ = ["NodeWrites", "produce_entry"]
 
 
+# A waiting write looks at its group's leadership after 0.05 s, then at doubling intervals
+# of at most 0.25 s. Every 0.05 s throughout, 48 producers' calls (~0.6 s each on 2 cores)
+# woke ~1,000 times a second a node only to look (issue 39.3).
+AWAIT_FIRST_S = 0.05
+AWAIT_MAX_S = 0.25
+
+
 def _settled(fut: Future, timeout: float) -> bool:
     try:
         fut.exception(timeout)
@@ -127,10 +134,12 @@ class NodeWrites:
         leader, so the caller is told the outcome is unknown.
         """
         deadline = time.monotonic() + self.config.commit_timeout
+        slice_ = AWAIT_FIRST_S
         while True:
             left = deadline - time.monotonic()
-            if wait(max(0.0, min(left, 0.05))):
+            if wait(max(0.0, min(left, slice_))):
                 return True
+            slice_ = min(slice_ * 2, AWAIT_MAX_S)
             if left <= 0:
                 return False
             if not raft.is_leader and not wait(0):     # done meanwhile: that is the outcome

@@ -72,3 +72,40 @@ def test_a_message_never_goes_out_before_a_reconnected_sockets_handshake():
     finally:
         conn.disconnect()
         srv.close()
+
+
+def test_big_frames_are_received_into_their_own_buffer_between_small_ones():
+    """A frame of ``BIG_FRAME`` bytes or more (a raft append of many batches) is read
+    straight into a buffer of its own, however the sender splits it; the frames
+    around it come whole and in order; a frame
+    that is not a message drops the connection."""
+    from storage_service.raft import transport
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    poller = createPoller("auto")
+    conn = FastTcpConnection(poller, timeout=30, sendBufferSize=1 << 16, recvBufferSize=1 << 16)
+    got = []
+    conn.setOnMessageReceivedCallback(got.append)
+    big = {"entries": [b"x" * 700_000, b"y" * 300_000]}
+    sent = [{"n": 1}, big, {"n": 2}, {"entries": [b"z" * (transport.BIG_FRAME + 1)]}, "last"]
+    try:
+        assert conn.connect("127.0.0.1", srv.getsockname()[1])
+        _poll_until(poller, lambda: conn.state == CONNECTION_STATE.CONNECTED)
+        peer, _ = srv.accept()
+        wire = b"".join(_LEN.pack(len(p)) + p for p in (pickle.dumps(m, pickle.HIGHEST_PROTOCOL) for m in sent))
+        for at in range(0, len(wire), 70_001):       # pieces that cut frames and headers anywhere
+            peer.sendall(wire[at:at + 70_001])
+            poller.poll(0.01)
+        _poll_until(poller, lambda: len(got) == len(sent))
+        assert got == sent
+        assert conn._big is None
+        peer.sendall(_LEN.pack(transport.BIG_FRAME) + b"\x80" * 1000)    # begun ...
+        _poll_until(poller, lambda: conn._big is not None and conn._big[2] == 1000)
+        peer.sendall(b"\x00" * (transport.BIG_FRAME - 1000))           # ... not a pickle
+        _poll_until(poller, lambda: conn.state == CONNECTION_STATE.DISCONNECTED)
+        assert got == sent
+        peer.close()
+    finally:
+        conn.disconnect()
+        srv.close()
