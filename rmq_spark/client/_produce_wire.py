@@ -127,12 +127,22 @@ class _Connection:
         # would close the connection); a call due before that wakes it through this pipe.
         # (It used to wake every 0.1 s: ~0.004 of a core per idle Client, 48 producer
         # processes ~0.2 of a core, issue 39.3.)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
         self._asleep_until = 0.0                # monotonic; set under the lock
-        self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
-        self._reader.start()
+        try:
+            self._wake_r, self._wake_w = os.pipe()
+        except BaseException:
+            self._sock.close()
+            raise
+        try:
+            os.set_blocking(self._wake_r, False)
+            os.set_blocking(self._wake_w, False)
+            self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
+            self._reader.start()
+        except BaseException:                   # (no reader: nobody else closes them)
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._sock.close()
+            raise
 
     def call(self, body: bytes, timeout: float, method: int = METHOD_PRODUCE_BATCHES,
              parse: Callable = rmq_pb2.ProduceBatchesResponse.FromString) -> Future:

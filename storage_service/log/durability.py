@@ -51,24 +51,33 @@ def fsync_dir(path: str) -> None:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syncfs = getattr(_libc, "syncfs", None)      # Linux (glibc 2.14+)
-HAS_SYNCFS = _syncfs is not None
 
 
-def syncfs(path: str) -> None:
-    """Sync the whole file system that holds ``path``: every file's written data and every
-    directory entry made, in one journal commit (Linux ``syncfs``, which reports write-back
-    errors since 5.8; ``HAS_SYNCFS`` says whether there is one).
+def _kernel_at_least(major: int, minor: int) -> bool:
+    try:
+        got = tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2])
+    except (AttributeError, ValueError):
+        return False
+    return got >= (major, minor)
+
+
+# syncfs reports write-back errors since Linux 5.8; before, it returned 0 over lost pages.
+HAS_SYNCFS = _syncfs is not None and _kernel_at_least(5, 8)
+
+
+def syncfs(fd: int) -> None:
+    """Sync the whole file system that holds the open ``fd``: every file's written data
+    and every directory entry made, in one journal commit (Linux ``syncfs``; only where
+    ``HAS_SYNCFS``). Keep ``fd`` open for the life of the writer: a write-back error is
+    reported once per descriptor, to the first ``syncfs`` on it after the error, so a
+    descriptor opened for each call could miss one another caller saw first.
 
     For a round with many files written, where one ``fdatasync`` each is one journal
     commit each: a first produce to thousands of fresh queues wrote more new files a
     second than their syncs kept up with (issue 39.5)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _syncfs(fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), path)
-    finally:
-        os.close(fd)
+    if _syncfs(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 class DirSyncs:

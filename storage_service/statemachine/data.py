@@ -82,6 +82,10 @@ class DataState:
         self.fsync = fsync
         self.segment_bytes = segment_bytes
         os.makedirs(root, exist_ok=True)
+        # For the bulk sync (``_bulk_sync``): open for the state's life, so its syncfs
+        # sees every write-back error since (``durability.syncfs``).
+        self._fs_fd = os.open(root, os.O_RDONLY) if fsync and HAS_SYNCFS else None
+        self._fs_lock = threading.Lock()    # the descriptor is not closed under a sync
         self.dirs = DirSyncs()      # new queues' directory syncs, made by ``sync``/``sync_behind``
         self.unsynced = Unsynced()  # queues written since ``sync_behind`` last synced them
         self.sizes = ByteCount()    # segment bytes of the open queues (``tally.py``)
@@ -313,10 +317,9 @@ class DataState:
 
     def _sync_all(self, sync, queues: list | None = None) -> None:
         queues = list(self.queues.values()) if queues is None else queues
-        if self.fsync and HAS_SYNCFS and len(queues) >= BULK_SYNC_QUEUES:
+        if self._fs_fd is not None and len(queues) >= BULK_SYNC_QUEUES:
             marked = [(q, m) for q in queues if (m := q.sync_mark()) is not None]
-            if len(marked) >= BULK_SYNC_QUEUES:
-                self._bulk_sync(marked)
+            if len(marked) >= BULK_SYNC_QUEUES and self._bulk_sync(marked):
                 return
             queues = [q for q, _ in marked]         # the others had nothing to sync
         try:
@@ -329,20 +332,29 @@ class DataState:
             except OSError as e:          # never retried over lost pages (errors.fatal)
                 fatal(f"queue {q.path}: segment sync failed ({e})")
 
-    def _bulk_sync(self, marked: list) -> None:
+    def _bulk_sync(self, marked: list) -> bool:
         """One ``syncfs`` for a round with ``BULK_SYNC_QUEUES`` or more queues to sync
-        (``QueueLog.sync_mark``), their new directories with them."""
-        try:
-            with self.dirs.covered():
-                syncfs(self.root)
-        except OSError as e:              # never retried over lost pages (durability.fatal)
-            fatal(f"group data {self.root}: file system sync failed ({e})")
+        (``QueueLog.sync_mark``), their new directories with them; False (nothing done)
+        once the state is closed."""
+        with self._fs_lock:
+            if self._fs_fd is None:
+                return False
+            try:
+                with self.dirs.covered():
+                    syncfs(self._fs_fd)
+            except OSError as e:          # never retried over lost pages (durability.fatal)
+                fatal(f"group data {self.root}: file system sync failed ({e})")
         for q, mark in marked:
             q.synced(mark)
+        return True
 
     def close(self) -> None:
         for q in list(self.queues.values()):
             q.close()
+        with self._fs_lock:
+            if self._fs_fd is not None:
+                os.close(self._fs_fd)
+                self._fs_fd = None
         if self._kv is not None:
             self._kv.close()
 

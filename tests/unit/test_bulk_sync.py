@@ -34,9 +34,9 @@ def counted(monkeypatch):
     calls = {"syncfs": 0, "fdatasync": 0}
     real_syncfs, real_fdatasync = data.syncfs, os.fdatasync
 
-    def syncfs(path):
+    def syncfs(fd):
         calls["syncfs"] += 1
-        real_syncfs(path)
+        real_syncfs(fd)
 
     def fdatasync(fd):
         calls["fdatasync"] += 1
@@ -95,3 +95,16 @@ def test_directories_covered_by_a_failed_file_system_sync_stay_pending(tmp_path)
     with dirs.covered():
         dirs.add(str(tmp_path / "c"))                  # made during the sync: the next round's
     assert len(dirs) == 1
+
+
+def test_a_closed_state_syncs_no_file_system(tmp_path, counted):
+    """A group moved away closes its state while the background sync may still hold
+    it: its descriptor for syncfs is gone, and a round syncs nothing (nothing is open)."""
+    s = DataState(str(tmp_path), fsync=True)
+    names = [queue_dir("t", "i", q) for q in range(BULK_SYNC_QUEUES)]
+    _produce(s, 1, names)
+    marked = [(q, q.sync_mark()) for q in s.queues.values()]
+    s.close()
+    assert s._fs_fd is None and not s._bulk_sync(marked)
+    s.sync_behind()
+    assert counted["syncfs"] == 0

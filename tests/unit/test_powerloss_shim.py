@@ -168,7 +168,7 @@ def test_a_new_queue_is_durable_once_its_data_state_synced(root, undo, synced, q
         from storage_service.statemachine.data import DataState, queue_dir
         from tests.unit._helpers import encode_values
         whole = []
-        data.syncfs = lambda path, syncfs=data.syncfs: (whole.append(path), syncfs(path))
+        data.syncfs = lambda fd, syncfs=data.syncfs: (whole.append(fd), syncfs(fd))
         st = DataState("data", fsync=True)
         n = {queues!r}
         st.apply(1, ("produce", [(queue_dir("t", "i", q), "", 0, 1, 1, encode_values([b"m"])) for q in range(n)]))

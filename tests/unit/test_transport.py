@@ -77,8 +77,8 @@ def test_a_message_never_goes_out_before_a_reconnected_sockets_handshake():
 def test_big_frames_are_received_into_their_own_buffer_between_small_ones():
     """A frame of ``BIG_FRAME`` bytes or more (a raft append of many batches) is read
     straight into a buffer of its own, however the sender splits it; the frames
-    around it come whole and in order; a frame
-    that is not a message drops the connection."""
+    around it come whole and in order; a length past ``KEEP_BIG`` (a stranger's bytes)
+    allocates nothing; a frame that is not a message drops the connection."""
     from storage_service.raft import transport
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -100,6 +100,11 @@ def test_big_frames_are_received_into_their_own_buffer_between_small_ones():
         _poll_until(poller, lambda: len(got) == len(sent))
         assert got == sent
         assert conn._big is None
+        store = conn._big_store
+        peer.sendall(b"GET / HTTP/1.1\r\n" + b"x" * 200_000)   # "GET " reads as a 542 MB frame:
+        _poll_until(poller, lambda: len(conn.buffers()[0]) == 200_016)   # gathered, nothing allocated
+        assert conn._big is None and conn._big_store is store
+        conn.buffers()[0].clear()
         peer.sendall(_LEN.pack(transport.BIG_FRAME) + b"\x80" * 1000)    # begun ...
         _poll_until(poller, lambda: conn._big is not None and conn._big[2] == 1000)
         peer.sendall(b"\x00" * (transport.BIG_FRAME - 1000))           # ... not a pickle
