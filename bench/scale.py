@@ -494,7 +494,8 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
           f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
           f"ratios against the first row of the same producers and load kind")
     print(nodes_table(rows))
-    print("\n".join(["", *sweep_lines]) if sweep_lines else "", end="\n" if sweep_lines else "")
+    if sweep_lines:
+        print("\n" + "\n".join(sweep_lines))
     print("\nNode CPU per acked message by thread role, summed over the nodes (rmq_thread_cpu_seconds_total):")
     print(threads_table(rows))
     return rows

@@ -234,10 +234,9 @@ def test_a_fallback_after_a_silent_produce_port_gets_only_what_is_left_of_the_at
         srv.close()
 
 
-def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
-    """A paused node accepts connections (the kernel does) but answers nothing:
-    the call fails with DEADLINE_EXCEEDED at its deadline, and the connection
-    is dropped so the next call starts afresh."""
+def _silent_node() -> tuple[socket.socket, list]:
+    """A listening socket that answers the hello of its first connection, then nothing
+    (a paused node: the kernel accepts); the accepted sockets, to close."""
     srv = socket.create_server(("127.0.0.1", 0))
     conns = []
 
@@ -248,6 +247,14 @@ def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
         c.sendall(hello())                       # then silence
 
     threading.Thread(target=accept, daemon=True).start()
+    return srv, conns
+
+
+def test_a_node_that_stops_answering_fails_the_call_at_its_deadline():
+    """A paused node accepts connections (the kernel does) but answers nothing:
+    the call fails with DEADLINE_EXCEEDED at its deadline, and the connection
+    is dropped so the next call starts afresh."""
+    srv, conns = _silent_node()
     t = ProduceTransport(f"127.0.0.1:{srv.getsockname()[1]}", fallback=_Recorder())
     req = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(topic="t")])
     t0 = time.monotonic()
@@ -267,16 +274,7 @@ def test_an_idle_connections_reader_wakes_for_a_new_calls_deadline():
     """An idle connection's reader sleeps until it would close the connection (30 s),
     not waking every 0.1 s; a call sent meanwhile wakes it, so a node that never
     answers still fails the call at the call's own deadline."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    conns = []
-
-    def accept():
-        c, _ = srv.accept()
-        conns.append(c)
-        recv_exact(c, HELLO.size)
-        c.sendall(hello())                       # then silence
-
-    threading.Thread(target=accept, daemon=True).start()
+    srv, conns = _silent_node()
     conn = _Connection(f"127.0.0.1:{srv.getsockname()[1]}", timeout=5)
     wait_until(lambda: conn._asleep_until > time.monotonic() + 20, timeout=10, what="the reader asleep, idle")
     t0 = time.monotonic()

@@ -128,18 +128,15 @@ class _Connection:
         # (It used to wake every 0.1 s: ~0.004 of a core per idle Client, 48 producer
         # processes ~0.2 of a core, issue 39.3.)
         self._asleep_until = 0.0                # monotonic; set under the lock
+        pipe = ()
         try:
-            self._wake_r, self._wake_w = os.pipe()
-        except BaseException:
-            self._sock.close()
-            raise
-        try:
-            os.set_blocking(self._wake_r, False)
-            os.set_blocking(self._wake_w, False)
+            pipe = self._wake_r, self._wake_w = os.pipe()
+            for fd in pipe:
+                os.set_blocking(fd, False)
             self._reader = threading.Thread(target=self._read, name=f"produce-wire-{address}", daemon=True)
             self._reader.start()
         except BaseException:                   # (no reader: nobody else closes them)
-            for fd in (self._wake_r, self._wake_w):
+            for fd in pipe:
                 os.close(fd)
             self._sock.close()
             raise

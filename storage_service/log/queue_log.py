@@ -400,9 +400,9 @@ class QueueLog(SegmentSwaps, QueueReads):
         cache (``durability.drop_pages``).
         """
         with self.lock:
-            if not (self._dirty and self._wfd is not None and self.fsync_enabled):
+            mark = self._mark()
+            if mark is None:
                 return
-            seg = self.segments[-1]
             try:
                 fd = os.dup(self._wfd)
             except OSError as e:
@@ -411,13 +411,10 @@ class QueueLog(SegmentSwaps, QueueReads):
                         self.unsynced.add(self)
                     return            # no descriptor to spare now: not a disk error; next round
                 raise
-            appends, synced = self._appends, seg.size
         try:
             os.fdatasync(fd)
             with self.lock:
-                if self._appends == appends:
-                    self._dirty = False
-                drop = self._claim_uncached(synced) if self.segments[-1] is seg else None
+                drop = self._settle(mark)
             if drop:
                 drop_pages(fd, *drop)
         finally:
@@ -427,21 +424,29 @@ class QueueLog(SegmentSwaps, QueueReads):
         """What this queue has to sync, taken before a sync of the whole file system
         (``DataState``'s bulk sync): None if nothing."""
         with self.lock:
-            if not (self._dirty and self._wfd is not None and self.fsync_enabled):
-                return None
-            return self._appends, self.segments[-1], self.segments[-1].size
+            return self._mark()
 
     def synced(self, mark: tuple) -> None:
         """The file system was synced after ``sync_mark`` returned ``mark``: clean unless
         appended to since; what was synced leaves the page cache as in ``sync_behind``."""
-        appends, seg, size = mark
         with self.lock:
-            if self._appends == appends:
-                self._dirty = False
-            if self.segments[-1] is seg and self._wfd is not None:
-                drop = self._claim_uncached(size)
-                if drop:
-                    drop_pages(self._wfd, *drop)
+            drop = self._settle(mark, claim=self._wfd is not None)   # (closed since: no range)
+            if drop:
+                drop_pages(self._wfd, *drop)
+
+    def _mark(self) -> tuple | None:
+        """(appends, active segment, its size) before a sync; None if clean (lock held)."""
+        if not (self._dirty and self._wfd is not None and self.fsync_enabled):
+            return None
+        return self._appends, self.segments[-1], self.segments[-1].size
+
+    def _settle(self, mark: tuple, claim: bool = True) -> tuple[int, int] | None:
+        """After a sync begun at ``mark``: clean unless appended to since; the range to
+        drop from the page cache, if any and ``claim`` (lock held)."""
+        appends, seg, size = mark
+        if self._appends == appends:
+            self._dirty = False
+        return self._claim_uncached(size) if claim and self.segments[-1] is seg else None
 
     def _claim_uncached(self, synced: int) -> tuple[int, int] | None:
         """The active segment's range to drop from the page cache once ``synced``
