@@ -15,8 +15,9 @@ named with its number. From a file, every line is checked before anything
 is sent; from a pipe, the lines before it may be stored already and nothing
 from it on is sent. ``--skip-bad`` skips such lines and counts them.
 
-Ctrl-C stops reading, sends what was read, says how many were acknowledged
-and exits 130.
+Ctrl-C stops reading, sends what was read (every line taken from the input:
+the reader stops between reads, see ``_CtrlC``), says how many were
+acknowledged and exits 130.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import collections
 import functools
 import itertools
 import os
+import select
 import signal
 import stat
 import sys
@@ -51,12 +53,17 @@ class Interrupted(RmqError):
         self.read, self.acked = read, acked
 
 
-def read_lines(f: BinaryIO) -> Iterator[tuple[int, list[bytes]]]:
+def read_lines(f: BinaryIO, before_read: Callable[[], None] | None = None
+               ) -> Iterator[tuple[int, list[bytes]]]:
     """(number of the first line, non-empty lines) for each chunk read: as soon as
-    the OS has data (``read1``), so a slow pipe's lines come out one by one."""
+    the OS has data (``read1``), so a slow pipe's lines come out one by one.
+    ``before_read()`` runs before each read (``_CtrlC.wait``: it returns once the
+    input has data, or raises)."""
     lineno, tail = 1, b""
     read = getattr(f, "read1", f.read)
     while True:
+        if before_read is not None:
+            before_read()
         chunk = read(CHUNK)
         if not chunk:
             break
@@ -274,26 +281,53 @@ def check_file(f: BinaryIO, as_json: bool) -> None:
 
 
 class _CtrlC:
-    """SIGINT for the reading thread: at once while it reads (the read is cut short), held
-    while it hands messages to the pipeline or drains it, so no batch is half moved;
-    a second Ctrl-C is not held."""
+    """SIGINT for the reading thread, which stops at a point where it holds no lines: a
+    chunk read from the input is always handed to the pipeline. The first Ctrl-C is
+    held (counted); the reader, which waits for its input together with a wake-up pipe
+    the handler writes to (``wait``), stops before its next read. Where the input has
+    no descriptor to wait on, a Ctrl-C while reading cuts the read short at once. A
+    second Ctrl-C is not held."""
 
     def __init__(self):
         self.busy, self.hits, self._old = False, 0, None
+        self._wake: tuple[int, int] | None = None      # (read end, write end)
 
     def __call__(self, signum, frame) -> None:
         self.hits += 1
-        if not self.busy or self.hits > 1:
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:                  # (full: a wake-up is pending anyway)
+                pass
+        if self.hits > 1 or (not self.busy and self._wake is None):
             raise KeyboardInterrupt
 
-    def install(self) -> "_CtrlC":
+    def install(self, f: BinaryIO | None = None) -> "_CtrlC":
+        """Handle SIGINT (on the main thread); with ``f``'s descriptor, the reader waits."""
         if threading.current_thread() is threading.main_thread():
+            if f is not None and _fileno(f) is not None:
+                self._wake = os.pipe()
+                for fd in self._wake:
+                    os.set_blocking(fd, False)
             self._old = signal.signal(signal.SIGINT, self)
         return self
 
     def restore(self) -> None:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
+        if self._wake is not None:
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
+
+    def wait(self, f: BinaryIO) -> None:
+        """Return once ``f`` has data (or its end) to read; KeyboardInterrupt after a
+        Ctrl-C. Without a wake-up pipe: return at once (the read is interruptible)."""
+        while self._wake is not None and not self.hits:
+            ready, _, _ = select.select([_fileno(f), self._wake[0]], [], [])
+            if _fileno(f) in ready:
+                break
+        self.check()
 
     def guarded(self, fn, *args):
         self.busy = True
@@ -305,6 +339,13 @@ class _CtrlC:
     def check(self) -> None:
         if self.hits:
             raise KeyboardInterrupt
+
+
+def _fileno(f) -> int | None:
+    try:
+        return f.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_queue: int | None,
@@ -325,9 +366,9 @@ def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_
         skipped.append(e)
 
     pipe = Pipeline(client, topic, queues, fixed_queue, batch, linger)
-    ctrl_c, read = _CtrlC().install(), 0
+    ctrl_c, read = _CtrlC().install(f), 0
     try:
-        for first, lines in read_lines(f):
+        for first, lines in read_lines(f, functools.partial(ctrl_c.wait, f)):
             try:
                 # held while parsing too: lines taken from the input are sent, not dropped
                 msgs = ctrl_c.guarded(parse_chunk, first, lines, as_json, bad)

@@ -3,6 +3,8 @@ queue, linger, flush on close, the first error stops it."""
 from __future__ import annotations
 
 import io
+import os
+import signal
 import threading
 import time
 from concurrent.futures import Future
@@ -10,7 +12,7 @@ from concurrent.futures import Future
 import pytest
 
 from rmq_spark.cli._jsonlines import BadLine
-from rmq_spark.cli._produce import Pipeline, parse_chunk, produce_lines, read_lines
+from rmq_spark.cli._produce import Interrupted, Pipeline, parse_chunk, produce_lines, read_lines
 
 pytestmark = pytest.mark.unit
 
@@ -127,6 +129,33 @@ def test_a_file_is_checked_from_where_stdin_starts_and_read_from_there(tmp_path)
         f.readline()                         # (head -1; rmq produce t) < in.txt
         pipe, read, skipped = produce_lines(rec, "t", f, False, None, 500, 0.01, False)
     assert rec.sent == {0: [b"x", b"y"]} and read == 2 and not skipped
+
+
+class _CtrlCAfterRead(io.BufferedReader):
+    """A pipe whose first read is followed at once by a Ctrl-C: the moment the signal
+    is most likely to take the lines just read with it (tests/test_cli_first_hour.py
+    met it on a busy machine: "interrupted; 0 of 0 messages read")."""
+
+    def read1(self, n=-1):
+        chunk = super().read1(n)
+        if chunk:
+            os.kill(os.getpid(), signal.SIGINT)
+        return chunk
+
+
+def test_ctrl_c_just_after_a_read_sends_the_lines_read():
+    r, w = os.pipe()
+    os.write(w, b"".join(b"m%d\n" % i for i in range(300)))    # the writer stays open: a terminal
+    rec = Recorder()
+    try:
+        with _CtrlCAfterRead(io.FileIO(r, "rb")) as f:
+            with pytest.raises(Interrupted) as e:
+                produce_lines(rec, "t", f, False, None, 500, 10.0, False)   # (a 10 s linger)
+    finally:
+        os.close(w)
+    assert (e.value.read, e.value.acked) == (300, 300)
+    assert rec.sent == {0: [b"m%d" % i for i in range(300)]}
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler     # put back
 
 
 def test_idle_senders_do_not_spin_with_linger_zero():
