@@ -23,14 +23,22 @@ On 3 nodes every node holds a replica of every queue, so per-node cost is
 per-cluster cost. There is no peer in this table: the question is how the
 cost grows with the queue count.
 
-Then the same produce workload on 3 and on 5 local nodes (``--nodes-runs``;
-10 data groups of 3 replicas, 20 queues, 1 KiB messages from 4 threads for
-``--seconds``): one host cannot show scaling, so the table reports
-throughput, node CPU per message and the balance between nodes (replicas,
-leaders and CPU seconds, least and most). And the placement simulation
-(``bench/placement_sim.py``: 100 nodes, 10,000 groups)::
+Then issue 39's parts (``--only``):
 
-    .venv/bin/python bench/scale.py                        # 1k, 10k; 3 vs 5 nodes; simulation
+* ``nodes``: 3, 6 and 9 nodes (``--nodes``; 2N data groups, 8N queues, R3,
+  1 KiB messages), each at full speed and at one offered load (half the
+  first row's rate unless ``--offered``), then the producer sweep
+  (``--sweep``) on the first node count, each count between two runs of the
+  base count: msgs/s, node and producer CPU per message, cores per node,
+  call latency, node CPU by thread role, and the p50 / p99 of single-message
+  produce calls made beside the load (``_probe``);
+* ``pipeline``: one producer thread, ``produce_batches`` against
+  ``Client.producer(max_in_flight=5)``, alternating (``--rounds``);
+* ``placement``: the placement simulation (``bench/placement_sim.py``: 100
+  nodes, 10,000 groups)::
+
+    .venv/bin/python bench/scale.py                        # every part, defaults
+    .venv/bin/python bench/scale.py --only nodes --nodes 3 --sweep 0 --seconds 12
     .venv/bin/python bench/scale.py --queues 1000 --queues 10000 --queues 100000
 """
 from __future__ import annotations
@@ -270,6 +278,30 @@ def _even_leaders(c: Client, nodes: int, say, timeout: float = 120.0) -> tuple[i
         time.sleep(0.5)
 
 
+PROBE_GAP_S = 0.02          # the single-message probe: one produce call every 20 ms
+
+
+def _probe(endpoints: list[str], topic: str, queues: int, until: float) -> list[float]:
+    """Issue 39.4's latency: single-message produce calls (1 KiB, queues in turn) from this
+    process, one every ``PROBE_GAP_S``, beside the producers until ``until``; seconds each."""
+    lat = []
+    with Client(endpoints, timeout=60) as c:
+        c.produce(topic, [b"p" * 1024], queue=0)                # connections up
+        q = 0
+        while time.time() < until:
+            t = time.perf_counter()
+            c.produce(topic, [b"p" * 1024], queue=q)
+            lat.append(time.perf_counter() - t)
+            q = (q + 1) % queues
+            time.sleep(max(0.0, PROBE_GAP_S - (time.perf_counter() - t)))
+    return lat
+
+
+def _percentile(xs: list[float], pct: float) -> float:
+    xs = sorted(xs)
+    return 1e3 * xs[min(len(xs) - 1, int(len(xs) * pct / 100))] if xs else float("nan")
+
+
 def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate: float = 0.0,
               fsync: str = "always", cluster: LocalCluster | None = None) -> dict:
     """Issue 39's workload on ``nodes`` nodes: 2N data groups, 8N queues, R3, 1 KiB messages,
@@ -294,8 +326,7 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
             time.sleep(0.005)
         cpu0 = [_cpu_s(p) for p in pids]
         roles0 = _thread_cpu(cluster)
-        while time.time() < t1:
-            time.sleep(0.005)
+        probe = _probe(cluster.endpoints, topic, queues, t1)
         cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
         roles = {r: (v - roles0.get(r, 0.0)) / seconds for r, v in _thread_cpu(cluster).items()}
         outs = []
@@ -305,15 +336,15 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
                 raise RuntimeError(f"a producer exited {p.returncode}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
         acked = sum(o["acked"] for o in outs)
-        lat = sorted(x for o in outs for x in o["lat"])
+        lat = [x for o in outs for x in o["lat"]]
         row = dict(nodes=nodes, producers=producers, offered=rate, fsync=fsync,
                    msgs_per_s=acked / seconds,
                    cpu_us_per_msg=1e6 * sum(cpu) / acked if acked else float("nan"),
                    client_us_per_msg=1e6 * sum(o["cpu_s"] for o in outs) / acked if acked else float("nan"),
                    cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
-                   call_p50_ms=1e3 * lat[len(lat) // 2] if lat else float("nan"),
-                   call_p99_ms=1e3 * lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan"),
-                   leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005})
+                   call_p50_ms=_percentile(lat, 50), call_p99_ms=_percentile(lat, 99),
+                   leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005},
+                   one_p50_ms=_percentile(probe, 50), one_p99_ms=_percentile(probe, 99))
         say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
             f"{row['cpu_us_per_msg']:.1f} us/msg (producers {row['client_us_per_msg']:.1f}), "
             f"cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
@@ -333,7 +364,7 @@ def nodes_table(rows: list[dict]) -> str:
             base.setdefault(r["offered"] > 0, r)
     head = ["nodes", "producers", "offered msgs/s", "msgs/s", "x 3-node row", "node CPU us/msg", "x 3-node row",
             "producers' CPU us/msg", "cores/node (mean)", "cores/node (busiest)", "call p50 ms", "call p99 ms",
-            "leaders/node"]
+            "1-message produce p50 / p99 ms", "leaders/node"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = base.get(r["offered"] > 0, r)
@@ -342,7 +373,8 @@ def nodes_table(rows: list[dict]) -> str:
                    f"{r['msgs_per_s']:,.0f} | {r['msgs_per_s'] / b['msgs_per_s']:.2f} | {r['cpu_us_per_msg']:.1f} | "
                    f"{r['cpu_us_per_msg'] / b['cpu_us_per_msg']:.2f} | {r['client_us_per_msg']:.1f} | "
                    f"{r['cores_mean']:.2f} | {r['cores_max']:.2f} | "
-                   f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {r['leaders'][0]}-{r['leaders'][1]} |")
+                   f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {r['one_p50_ms']:.1f} / {r['one_p99_ms']:.1f} | "
+                   f"{r['leaders'][0]}-{r['leaders'][1]} |")
     return "\n".join(out)
 
 
@@ -492,7 +524,8 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
                                f"the mean of the {a.producers}-producer runs before and after it on the same cluster)")
     print(f"\n{len(rows)} runs of {a.seconds:.0f} s: 2N data groups, 8N queues, 3 replicas, 1 KiB messages, "
           f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
-          f"ratios against the first row of the same producers and load kind")
+          f"ratios against the first row of the same producers and load kind; beside them, one thread of "
+          f"this process produces one 1 KiB message every {PROBE_GAP_S * 1000:.0f} ms (its p50 / p99)")
     print(nodes_table(rows))
     if sweep_lines:
         print("\n" + "\n".join(sweep_lines))
