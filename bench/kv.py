@@ -18,6 +18,7 @@ Prints ops/s and p50/p99 per workload and system, and our rate over NATS'::
 
     .venv/bin/python bench/kv.py                          # 8 clients, 10 s each
     .venv/bin/python bench/kv.py --clients 32 --seconds 20
+    .venv/bin/python bench/kv.py --queues 1                # one raft group, as a NATS bucket
 
 ``--capacity N`` instead loads N keys of 1 KiB (keyed produces, as a bulk
 load would: every produce to a compact topic is a put) into a 3-node
@@ -62,7 +63,7 @@ def ours(a, root: str) -> list[dict]:
     rows = []
     with LocalCluster(nodes=3, groups=3, data_dir=os.path.join(root, "rmq"), fsync="always") as cluster, \
             Client(cluster.endpoints, timeout=60) as c:
-        c.create_topic("kv", queues=6, cleanup_policy="compact")
+        c.create_topic("kv", queues=a.queues, cleanup_policy="compact")
         value = b"v" * a.value_bytes
         keys = [f"key-{i}" for i in range(a.keys)]
         for k in keys:
@@ -216,6 +217,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--keys", type=int, default=1000)
     p.add_argument("--value-bytes", type=int, default=100)
+    p.add_argument("--queues", type=int, default=6,
+                   help="queues of our KV topic (6: spread over the cluster's 3 groups and leaders; "
+                        "1: one raft group, as a NATS KV bucket is one stream)")
     p.add_argument("--capacity", type=int, default=0, help="load this many 1 KiB keys and measure instead")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -232,6 +236,7 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"\n{a.clients} clients, {a.seconds:.0f} s per workload, {a.keys:,} keys of {a.value_bytes} B, 3 nodes, R3, "
+          f"our topic of {a.queues} queue{'s' if a.queues != 1 else ''}, "
           f"every write synced; {env.get('nats_server', 'nats-server')}, nats-py {env.get('nats_py')}\n")
     print("| workload | rmq-spark ops/s | p50 ms | p99 ms | NATS KV ops/s | p50 ms | p99 ms | rmq-spark / NATS |")
     print("|---|---|---|---|---|---|---|---|")
