@@ -357,6 +357,42 @@ def test_the_produce_port_authenticates_its_hello_and_every_frame(cluster, admin
     assert [o.latest for o in admin.offsets("wire")] == [1]
 
 
+def test_threads_producing_to_an_allowed_and_a_denied_topic_each_get_their_own_answer(cluster, admin):
+    """One Client's threads share produce requests to a node (ProduceSender); a request
+    refused for the topic one thread may not write is sent again call by call, so the
+    other threads' produces are stored (review of 51bd33e)."""
+    import threading
+
+    for t in ("mx-ok", "mx-no"):
+        admin.create_topic(t, queues=6)
+    leaders = {t: {q: i["leader"] for q, i in enumerate(admin.describe_topic(t)["queue_info"])}
+               for t in ("mx-ok", "mx-no")}
+    pairs = [(qa, qb) for qa, la in leaders["mx-ok"].items() for qb, lb in leaders["mx-no"].items() if la == lb]
+    assert pairs, f"no node leads a queue of both topics: {leaders}"
+    qa, qb = pairs[0]
+    mia = admin.create_principal("mia")
+    admin.change_acls(True, [dict(principal="mia", resource_type="topic", name="mx-ok",
+                                  operations=["produce", "describe"]),
+                             dict(principal="mia", resource_type="topic", name="mx-no", operations=["describe"])])
+    outcomes: list = []
+    with _as(cluster, mia["token"]) as c:
+        def run(i: int) -> None:
+            topic, q = ("mx-ok", qa) if i % 2 else ("mx-no", qb)
+            for k in range(10):
+                try:
+                    c.produce(topic, [f"{i}-{k}".encode()], queue=q)
+                    outcomes.append((topic, "stored"))
+                except PermissionDenied as e:
+                    outcomes.append((topic, "denied" if "may not produce topic 'mx-no'" in str(e) else str(e)))
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(set(outcomes)) == [("mx-no", "denied"), ("mx-ok", "stored")], sorted(set(outcomes))
+    assert admin.offsets("mx-ok")[qa].latest == 40 and sum(o.latest for o in admin.offsets("mx-no")) == 0
+
+
 def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, cluster):
     """--authorize without TLS (a plaintext raft port would let anyone pose as a node),
     and a cluster port that is another node's port: exit 2, nothing written."""

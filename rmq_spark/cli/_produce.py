@@ -323,10 +323,13 @@ class _CtrlC:
     def wait(self, f: BinaryIO) -> None:
         """Return once ``f`` has data (or its end) to read; KeyboardInterrupt after a
         Ctrl-C. Without a wake-up pipe: return at once (the read is interruptible)."""
-        while self._wake is not None and not self.hits:
-            ready, _, _ = select.select([_fileno(f), self._wake[0]], [], [])
-            if _fileno(f) in ready:
-                break
+        if self._wake is not None and not self.hits:
+            poll = select.poll()         # (not select(): descriptors past 1024 in a library caller)
+            poll.register(_fileno(f), select.POLLIN)
+            poll.register(self._wake[0], select.POLLIN)
+            while not self.hits:
+                if any(fd == _fileno(f) for fd, _ in poll.poll()):
+                    break                # data, its end, or an error: the read tells
         self.check()
 
     def guarded(self, fn, *args):

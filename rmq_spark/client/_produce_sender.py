@@ -14,6 +14,20 @@ from ._produce_wire import WireCallError
 
 __all__ = ["ProduceSender"]
 
+# A ProduceBatches refused as a whole with one of these may have been refused for one
+# of the calls it merged: they are sent again one by one (``ProduceSender._done``).
+SPLIT_ON = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
+                      grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                      grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+def _code(error: BaseException):
+    code = getattr(error, "code", None)
+    try:
+        return code() if callable(code) else None
+    except Exception:
+        return None
+
 
 class ProduceSender:
     """Concurrent ``produce_batches`` calls to one node share ProduceBatches RPCs.
@@ -26,7 +40,9 @@ class ProduceSender:
     are in flight; calls made meanwhile wait and go out together in the next
     one (up to ``max_bytes``). One thread alone sends at once, as before.
     Every call keeps its own batches, deadline share and outcomes; an RPC error
-    is every contained call's error (each retries its own batches, idempotently).
+    is every contained call's error (each retries its own batches, idempotently),
+    but for a refusal that one call's content may have caused (``SPLIT_ON``):
+    then each call is sent again alone and gets its own answer.
     """
 
     def __init__(self, call: Callable[..., Any], max_in_flight: int = 2, max_bytes: int = 32 << 20):
@@ -77,6 +93,15 @@ class ProduceSender:
                 error = e
             except Exception as e:     # cancelled, or anything unexpected
                 error = WireCallError(grpc.StatusCode.UNAVAILABLE, f"ProduceBatches failed: {e!r}")
+        if error is not None and len(items) > 1 and _code(error) in SPLIT_ON:
+            # Refused as a whole for what one call carried (a topic this principal may
+            # not write, a request over a size limit): each call goes again alone, so
+            # the others are not failed for it. The failed RPC's slot is the first's.
+            with self._lock:
+                self._in_flight += len(items) - 1
+            for item in items:
+                self._issue([item])
+            return
         want = sum(len(reqs) for reqs, _, _, _ in items)
         if error is None and len(outcomes) != want:
             error = WireCallError(grpc.StatusCode.UNAVAILABLE,

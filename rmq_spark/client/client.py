@@ -66,7 +66,7 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 30.0,
                  producer_id: str | None = None, attempt_timeout: float = 5.0,
                  produce_port: bool = True, tls: TlsFiles | None = None, token: str | None = None):
-        """``produce_port``: ``produce_batches`` and (without TLS) fetches without a
+        """``produce_port``: ``produce_batches``, ``produce`` to a queue and (without TLS) fetches without a
         wait go over the nodes' produce ports (``storage_service.server.produce_port``;
         ~12% less CPU per message than gRPC in the produce benchmark; a fetch's
         batches sent from their file), falling back to gRPC for a node that does

@@ -104,6 +104,31 @@ def test_an_rpc_error_is_every_contained_calls_error_and_the_queue_moves_on():
     assert later.result()[0].result.queue == 3
 
 
+class _Denied(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_merged_rpc_refused_for_one_call_is_sent_again_call_by_call():
+    """A node refuses a ProduceBatches whole when one topic in it may not be written:
+    the calls merged with that one are not failed for it (review of 51bd33e)."""
+    stub = _Stub()
+    sender = ProduceSender(stub.future, max_in_flight=1)
+    first = sender.send(_reqs(0), 5)
+    allowed, denied = sender.send(_reqs(1), 5), sender.send(_reqs(2), 5)
+    stub.calls[0].finish(_answer(stub.calls[0]))
+    assert first.result()[0].result.queue == 0 and len(stub.calls[1].request.batches) == 2
+    stub.calls[1].finish(error=_Denied())
+    assert [[b.queue for b in c.request.batches] for c in stub.calls[2:]] == [[1], [2]]    # one by one
+    stub.calls[2].finish(_answer(stub.calls[2]))
+    stub.calls[3].finish(error=_Denied())
+    assert allowed.result()[0].result.queue == 1
+    with pytest.raises(_Denied):
+        denied.result()
+    later = sender.send(_reqs(3), 5)                     # the in-flight count came back to 0
+    assert len(stub.calls) == 5 and [b.queue for b in stub.calls[4].request.batches] == [3]
+
+
 def test_a_short_answer_fails_the_calls_instead_of_misattributing_outcomes():
     stub = _Stub()
     slot = ProduceSender(stub.future).send(_reqs(0, 1), 5)
