@@ -30,15 +30,16 @@ Then issue 39's parts (``--only``):
   first row's rate unless ``--offered``), then the producer sweep
   (``--sweep``) on the first node count, each count between two runs of the
   base count: msgs/s, node and producer CPU per message, cores per node,
-  call latency, node CPU by thread role, and the p50 / p99 of single-message
-  produce calls made beside the load (``_probe``);
+  call latency, node CPU by thread role, and with ``--probe`` the p50 / p99
+  of single-message produce calls made beside the load (``_probe``: leave it
+  out when node CPU per message is the question);
 * ``pipeline``: one producer thread, ``produce_batches`` against
   ``Client.producer(max_in_flight=5)``, alternating (``--rounds``);
 * ``placement``: the placement simulation (``bench/placement_sim.py``: 100
   nodes, 10,000 groups)::
 
     .venv/bin/python bench/scale.py                        # every part, defaults
-    .venv/bin/python bench/scale.py --only nodes --nodes 3 --sweep 0 --seconds 12
+    .venv/bin/python bench/scale.py --only nodes --nodes 3 --sweep 0 --seconds 12 --probe
     .venv/bin/python bench/scale.py --queues 1000 --queues 10000 --queues 100000
 """
 from __future__ import annotations
@@ -303,7 +304,7 @@ def _percentile(xs: list[float], pct: float) -> float:
 
 
 def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate: float = 0.0,
-              fsync: str = "always", cluster: LocalCluster | None = None) -> dict:
+              fsync: str = "always", cluster: LocalCluster | None = None, probe: bool = False) -> dict:
     """Issue 39's workload on ``nodes`` nodes: 2N data groups, 8N queues, R3, 1 KiB messages,
     ``producers`` processes (``rate``: the offered load in msgs/s, 0 for as fast as acks come).
     Throughput, node CPU per acked message, cores used per node (mean and busiest), call latency."""
@@ -326,7 +327,10 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
             time.sleep(0.005)
         cpu0 = [_cpu_s(p) for p in pids]
         roles0 = _thread_cpu(cluster)
-        probe = _probe(cluster.endpoints, topic, queues, t1)
+        if probe:
+            probe = _probe(cluster.endpoints, topic, queues, t1)
+        while time.time() < t1:
+            time.sleep(0.005)
         cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
         roles = {r: (v - roles0.get(r, 0.0)) / seconds for r, v in _thread_cpu(cluster).items()}
         outs = []
@@ -344,7 +348,7 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
                    cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
                    call_p50_ms=_percentile(lat, 50), call_p99_ms=_percentile(lat, 99),
                    leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005},
-                   one_p50_ms=_percentile(probe, 50), one_p99_ms=_percentile(probe, 99))
+                   one_p50_ms=_percentile(probe or [], 50), one_p99_ms=_percentile(probe or [], 99))
         say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
             f"{row['cpu_us_per_msg']:.1f} us/msg (producers {row['client_us_per_msg']:.1f}), "
             f"cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
@@ -362,18 +366,20 @@ def nodes_table(rows: list[dict]) -> str:
     for r in rows:
         if r["nodes"] == rows[0]["nodes"] and r["producers"] == rows[0]["producers"]:
             base.setdefault(r["offered"] > 0, r)
+    probed = any(r["one_p50_ms"] == r["one_p50_ms"] for r in rows)      # (nan without --probe)
     head = ["nodes", "producers", "offered msgs/s", "msgs/s", "x 3-node row", "node CPU us/msg", "x 3-node row",
             "producers' CPU us/msg", "cores/node (mean)", "cores/node (busiest)", "call p50 ms", "call p99 ms",
-            "1-message produce p50 / p99 ms", "leaders/node"]
+            *(["1-message produce p50 / p99 ms"] if probed else []), "leaders/node"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = base.get(r["offered"] > 0, r)
         offered = f"{r['offered']:,.0f}" if r["offered"] else "max"
+        one = f"{r['one_p50_ms']:.1f} / {r['one_p99_ms']:.1f} | " if probed else ""
         out.append(f"| {r['nodes']} | {r['producers']} | {offered} | "
                    f"{r['msgs_per_s']:,.0f} | {r['msgs_per_s'] / b['msgs_per_s']:.2f} | {r['cpu_us_per_msg']:.1f} | "
                    f"{r['cpu_us_per_msg'] / b['cpu_us_per_msg']:.2f} | {r['client_us_per_msg']:.1f} | "
                    f"{r['cores_mean']:.2f} | {r['cores_max']:.2f} | "
-                   f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {r['one_p50_ms']:.1f} / {r['one_p99_ms']:.1f} | "
+                   f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {one}"
                    f"{r['leaders'][0]}-{r['leaders'][1]} |")
     return "\n".join(out)
 
@@ -497,10 +503,11 @@ def queues_part(counts: list[int], where: str, say, in_flight: int = 0) -> list[
 def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     """Each node count at full speed, then each at one offered load (half the first row's rate
     unless ``--offered``), then the producer sweep on the first node count."""
-    rows = [nodes_run(n, a.producers, a.seconds, where, say, fsync=a.fsync) for n in a.nodes]
+    rows = [nodes_run(n, a.producers, a.seconds, where, say, fsync=a.fsync, probe=a.probe) for n in a.nodes]
     offered = a.offered if a.offered is not None else round(rows[0]["msgs_per_s"] / 2, -3)
     if offered:
-        rows += [nodes_run(n, a.producers, a.seconds, where, say, rate=offered, fsync=a.fsync) for n in a.nodes]
+        rows += [nodes_run(n, a.producers, a.seconds, where, say, rate=offered, fsync=a.fsync, probe=a.probe)
+                 for n in a.nodes]
     sweep, sweep_lines = [p for p in a.sweep if p != a.producers], []
     if sweep:
         data = tempfile.mkdtemp(prefix="scale-sweep-", dir=where)
@@ -512,7 +519,8 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
         sweep_rows = []
         try:
             for p in [a.producers] + [x for p in sweep for x in (p, a.producers)]:
-                sweep_rows.append(nodes_run(n, p, a.seconds, where, say, fsync=a.fsync, cluster=cluster))
+                sweep_rows.append(nodes_run(n, p, a.seconds, where, say, fsync=a.fsync, cluster=cluster,
+                                            probe=a.probe))
         finally:
             cluster.stop()
             shutil.rmtree(data, ignore_errors=True)
@@ -524,8 +532,9 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
                                f"the mean of the {a.producers}-producer runs before and after it on the same cluster)")
     print(f"\n{len(rows)} runs of {a.seconds:.0f} s: 2N data groups, 8N queues, 3 replicas, 1 KiB messages, "
           f"--fsync {a.fsync}; a producer process calls produce_batches with 8 queues x 100 messages; "
-          f"ratios against the first row of the same producers and load kind; beside them, one thread of "
-          f"this process produces one 1 KiB message every {PROBE_GAP_S * 1000:.0f} ms (its p50 / p99)")
+          f"ratios against the first row of the same producers and load kind"
+          + (f"; beside them, one thread of this process produces one 1 KiB message every "
+             f"{PROBE_GAP_S * 1000:.0f} ms (its p50 / p99)" if a.probe else ""))
     print(nodes_table(rows))
     if sweep_lines:
         print("\n" + "\n".join(sweep_lines))
@@ -553,6 +562,9 @@ def main(argv=None) -> int:
                    help="offered load of the same-load rows, msgs/s (default: half the first row's rate; 0: none)")
     p.add_argument("--fsync", default="always", choices=FSYNC_POLICIES)
     p.add_argument("--seconds", type=float, default=15.0, help="measured window of each node run")
+    p.add_argument("--probe", action="store_true",
+                   help="nodes part: time single-message produces beside each run (issue 39.4; their ~50 "
+                        "small raft entries a second count in node CPU per message)")
     p.add_argument("--producer", default=None, help=argparse.SUPPRESS)   # a producer process's spec
     a = p.parse_args(argv)
     if a.producer:
