@@ -39,7 +39,8 @@ class ProduceSender:
     what all application threads queued, at most ``max_in_flight`` RPCs per node
     are in flight; calls made meanwhile wait and go out together in the next
     one (up to ``max_bytes``). One thread alone sends at once, as before.
-    Every call keeps its own batches, deadline share and outcomes; an RPC error
+    Every call keeps its own batches and outcomes, and waits for them until its own
+    deadline (the RPC runs to the latest of the calls' deadlines); an RPC error
     is every contained call's error (each retries its own batches, idempotently),
     but for a refusal that one call's content may have caused (``SPLIT_ON``):
     then each call is sent again alone and gets its own answer.
@@ -76,7 +77,9 @@ class ProduceSender:
 
     def _issue(self, items: list) -> None:
         request = rmq_pb2.ProduceBatchesRequest(batches=[r for reqs, _, _, _ in items for r in reqs])
-        left = max(0.01, min(deadline for _, _, deadline, _ in items) - time.monotonic())
+        # The latest deadline: a caller with a shorter one stops waiting at its own
+        # (``outcomes(timeout=)``) without failing the others' batches with it.
+        left = max(0.01, max(deadline for _, _, deadline, _ in items) - time.monotonic())
         try:
             call = self._call(request, timeout=left)
         except Exception as e:         # never leave a caller waiting

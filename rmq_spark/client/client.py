@@ -44,6 +44,7 @@ from .errors import RmqError, TlsRefused, Unavailable, from_rpc_error
 __all__ = ["Client", "parse_endpoints"]
 
 log = logging.getLogger(__name__)
+ATTEMPT_SLACK_S = 0.1       # a produce call waits this much past its attempt for a shared request
 LOCAL_READ_TRIES = 3        # consecutive unreadable short-circuit spans before a client stops
 FETCH_SERVICE = rmq_pb2.DESCRIPTOR.services_by_name["MessageLog"].full_name
 
@@ -326,11 +327,14 @@ class Client(AdminCalls, SecurityCalls, KvCalls):
             for i in pending:
                 by_node.setdefault(self._routes.target(groups[i]), []).append(i)
             left = max(0.01, clock.left(self.attempt_timeout))
+            # (this attempt's own end: a request shared with other callers may run longer;
+            # a little past it, so that alone the transport's deadline error comes first)
+            until = time.monotonic() + left + ATTEMPT_SLACK_S
             calls = [(addr, idx, self._sender(addr).send([reqs[i] for i in idx], left))
                      for addr, idx in by_node.items()]
             pending, last, hinted = [], None, False
             for addr, idx, call in calls:
-                for i, out in zip(idx, outcomes(call, addr, len(idx))):
+                for i, out in zip(idx, outcomes(call, addr, len(idx), max(0.0, until - time.monotonic()))):
                     if not isinstance(out, RmqError):
                         results[i] = out
                         continue

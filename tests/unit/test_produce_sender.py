@@ -47,6 +47,7 @@ class _Stub:
 
     def future(self, request, timeout=None):
         call = _Call(request)
+        call.timeout = timeout
         self.calls.append(call)
         return call
 
@@ -127,6 +128,26 @@ def test_a_merged_rpc_refused_for_one_call_is_sent_again_call_by_call():
         denied.result()
     later = sender.send(_reqs(3), 5)                     # the in-flight count came back to 0
     assert len(stub.calls) == 5 and [b.queue for b in stub.calls[4].request.batches] == [3]
+
+
+def test_a_merged_rpc_runs_to_its_latest_deadline_and_a_short_caller_stops_at_its_own():
+    """One caller's short timeout must not fail the calls merged with it (review of
+    51bd33e): the RPC gets the latest deadline; the short caller stops waiting at its
+    own (``outcomes(timeout=)``), DEADLINE_EXCEEDED, while the others get their answer."""
+    from rmq_spark.client._outcomes import outcomes
+    from rmq_spark.client.errors import RmqError
+
+    stub = _Stub()
+    sender = ProduceSender(stub.future, max_in_flight=1)
+    first = sender.send(_reqs(0), 5)
+    short, long_ = sender.send(_reqs(1), 0.05), sender.send(_reqs(2), 30)
+    stub.calls[0].finish(_answer(stub.calls[0]))
+    assert first.result()[0].result.queue == 0
+    assert len(stub.calls[1].request.batches) == 2 and stub.calls[1].timeout > 20
+    [err] = outcomes(short, "n1:1", 1, timeout=0.05)
+    assert isinstance(err, RmqError) and err.code == grpc.StatusCode.DEADLINE_EXCEEDED and err.retriable
+    stub.calls[1].finish(_answer(stub.calls[1]))
+    assert [o.queue for o in outcomes(long_, "n1:1", 1, timeout=1)] == [2]
 
 
 def test_a_short_answer_fails_the_calls_instead_of_misattributing_outcomes():
