@@ -327,8 +327,7 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
             time.sleep(0.005)
         cpu0 = [_cpu_s(p) for p in pids]
         roles0 = _thread_cpu(cluster)
-        if probe:
-            probe = _probe(cluster.endpoints, topic, queues, t1)
+        probed = _probe(cluster.endpoints, topic, queues, t1) if probe else None
         while time.time() < t1:
             time.sleep(0.005)
         cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
@@ -348,7 +347,8 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
                    cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
                    call_p50_ms=_percentile(lat, 50), call_p99_ms=_percentile(lat, 99),
                    leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005},
-                   one_p50_ms=_percentile(probe or [], 50), one_p99_ms=_percentile(probe or [], 99))
+                   one_p50_ms=_percentile(probed, 50) if probe else None,
+                   one_p99_ms=_percentile(probed, 99) if probe else None)
         say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
             f"{row['cpu_us_per_msg']:.1f} us/msg (producers {row['client_us_per_msg']:.1f}), "
             f"cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
@@ -366,7 +366,7 @@ def nodes_table(rows: list[dict]) -> str:
     for r in rows:
         if r["nodes"] == rows[0]["nodes"] and r["producers"] == rows[0]["producers"]:
             base.setdefault(r["offered"] > 0, r)
-    probed = any(r["one_p50_ms"] == r["one_p50_ms"] for r in rows)      # (nan without --probe)
+    probed = any(r["one_p50_ms"] is not None for r in rows)             # (--probe)
     head = ["nodes", "producers", "offered msgs/s", "msgs/s", "x 3-node row", "node CPU us/msg", "x 3-node row",
             "producers' CPU us/msg", "cores/node (mean)", "cores/node (busiest)", "call p50 ms", "call p99 ms",
             *(["1-message produce p50 / p99 ms"] if probed else []), "leaders/node"]

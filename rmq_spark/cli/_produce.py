@@ -263,9 +263,10 @@ class Pipeline:
 
 
 def _is_file(f: BinaryIO) -> bool:
+    fd = _fileno(f)
     try:
-        return stat.S_ISREG(os.fstat(f.fileno()).st_mode)
-    except (OSError, ValueError, AttributeError):
+        return fd is not None and stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
         return False
 
 
@@ -302,10 +303,11 @@ class _CtrlC:
         if self.hits > 1 or (not self.busy and self._wake is None):
             raise KeyboardInterrupt
 
-    def install(self, f: BinaryIO | None = None) -> "_CtrlC":
-        """Handle SIGINT (on the main thread); with ``f``'s descriptor, the reader waits."""
+    def install(self, fd: int | None = None) -> "_CtrlC":
+        """Handle SIGINT (on the main thread); with the input's descriptor ``fd``, the
+        reader waits (``wait``)."""
         if threading.current_thread() is threading.main_thread():
-            if f is not None and _fileno(f) is not None:
+            if fd is not None:
                 self._wake = os.pipe()
                 for fd in self._wake:
                     os.set_blocking(fd, False)
@@ -320,15 +322,15 @@ class _CtrlC:
                 os.close(fd)
             self._wake = None
 
-    def wait(self, f: BinaryIO) -> None:
-        """Return once ``f`` has data (or its end) to read; KeyboardInterrupt after a
-        Ctrl-C. Without a wake-up pipe: return at once (the read is interruptible)."""
+    def wait(self, fd: int | None) -> None:
+        """Return once the input ``fd`` has data (or its end) to read; KeyboardInterrupt
+        after a Ctrl-C. Without a wake-up pipe: return at once (the read is interruptible)."""
         if self._wake is not None and not self.hits:
             poll = select.poll()         # (not select(): descriptors past 1024 in a library caller)
-            poll.register(_fileno(f), select.POLLIN)
+            poll.register(fd, select.POLLIN)
             poll.register(self._wake[0], select.POLLIN)
             while not self.hits:
-                if any(fd == _fileno(f) for fd, _ in poll.poll()):
+                if any(ready == fd for ready, _ in poll.poll()):
                     break                # data, its end, or an error: the read tells
         self.check()
 
@@ -369,9 +371,10 @@ def produce_lines(client: Client, topic: str, f: BinaryIO, as_json: bool, fixed_
         skipped.append(e)
 
     pipe = Pipeline(client, topic, queues, fixed_queue, batch, linger)
-    ctrl_c, read = _CtrlC().install(f), 0
+    fd = _fileno(f)
+    ctrl_c, read = _CtrlC().install(fd), 0
     try:
-        for first, lines in read_lines(f, functools.partial(ctrl_c.wait, f)):
+        for first, lines in read_lines(f, functools.partial(ctrl_c.wait, fd)):
             try:
                 # held while parsing too: lines taken from the input are sent, not dropped
                 msgs = ctrl_c.guarded(parse_chunk, first, lines, as_json, bad)

@@ -21,14 +21,6 @@ SPLIT_ON = frozenset({grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID
                       grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
-def _code(error: BaseException):
-    code = getattr(error, "code", None)
-    try:
-        return code() if callable(code) else None
-    except Exception:
-        return None
-
-
 class ProduceSender:
     """Concurrent ``produce_batches`` calls to one node share ProduceBatches RPCs.
 
@@ -96,7 +88,8 @@ class ProduceSender:
                 error = e
             except Exception as e:     # cancelled, or anything unexpected
                 error = WireCallError(grpc.StatusCode.UNAVAILABLE, f"ProduceBatches failed: {e!r}")
-        if error is not None and len(items) > 1 and _code(error) in SPLIT_ON:
+        if len(items) > 1 and isinstance(error, grpc.RpcError) and hasattr(error, "code") \
+                and error.code() in SPLIT_ON:
             # Refused as a whole for what one call carried (a topic this principal may
             # not write, a request over a size limit): each call goes again alone, so
             # the others are not failed for it. The failed RPC's slot is the first's.
