@@ -9,6 +9,9 @@ machine's speed: 2,000 parked fetches on a 3-node cluster, node thread counts
 that stay small, producers served throughout, every poll answered, every
 poller woken by the message produced to its queue, and the limits refusing
 work with RESOURCE_EXHAUSTED (retried by the client) instead of queueing it.
+The 2,000 polls sent at once also go past gRPC's own backlog of calls not yet
+picked up by the node's loop (1,000, then random drops answered CANCELLED):
+the node's server raises it to what its limits admit (``AsyncServer._start``).
 """
 from __future__ import annotations
 
