@@ -131,6 +131,14 @@ def test_nodes_requiring_client_certificates(tmp_path):
         with Client(c.endpoints, tls=c.tls) as admin:           # the admin's certificate
             admin.create_topic("mtls", queues=1)
             assert [t["name"] for t in admin.list_topics()] == ["mtls"]
+        # Produce goes over the produce port: refused there the same way, and said so.
+        with Client(c.endpoints, timeout=30, attempt_timeout=10, tls=TlsFiles(c.tls.ca)) as anonymous:
+            with pytest.raises(TlsRefused, match="requires a client certificate .*--tls-cert"):
+                anonymous.produce("mtls", [b"x"], queue=0)
+            with pytest.raises(TlsRefused, match="requires a client certificate .*--tls-cert"):
+                anonymous.produce_batches([("mtls", 0, [b"y"])])
+        with Client(c.endpoints, tls=c.tls) as admin:
+            assert admin.fetch("mtls", 0, 0).records == []      # nothing was stored
     finally:
         c.stop()
 
