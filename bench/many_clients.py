@@ -6,8 +6,8 @@ long-polling consumers (``fetch`` with ``wait_ms``, each at the end of one of
 40 idle queues of topic ``quiet``, sent to the queue's leader, re-issued as
 soon as answered: a consumer's poll loop; the first polls spread over one
 wait, as consumers started over a while) and ``--producers`` producer threads
-(one 100-byte message per ``produce`` call over gRPC, ``--pause-ms`` 100 apart, to topic
-``busy``) run together for ``--seconds``. For each poller count (the run with
+(one 100-byte message per ``produce`` call to a queue, over the produce port,
+``--pause-ms`` 100 apart, to topic ``busy``) run together for ``--seconds``. For each poller count (the run with
 0 pollers is the peer: the same cluster and producers without the crowd) the
 table prints:
 
