@@ -30,6 +30,13 @@ def running(tmp_path_factory):
     with Client(c.endpoints) as client:
         client.create_topic("kept", queues=1)
         client.produce("kept", [b"before"], queue=0)
+        # Every replica has applied it (its segment file written): the tests compare the
+        # node's files before and after a second writer tried, and a follower applying
+        # the message meanwhile read as a change (a busy machine, once).
+        for a in c.addresses:
+            wait_until(lambda: [r.value for r in client.fetch("kept", 0, 0, from_follower=True,
+                                                                address=a).records] == [b"before"],
+                       timeout=60, what=f"the message applied on {a}")
     yield c
     c.stop()
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-__all__ = ["UnitError", "DURATION_UNITS_MS", "DURATION_FORMS", "bytes_flag", "parse_duration_ms",
+__all__ = ["UnitError", "DURATION_UNITS_MS", "DURATION_FORMS", "bytes_flag", "count_flag", "parse_duration_ms",
            "parse_size_bytes", "seconds_flag", "human_duration", "human_bytes", "utc_text"]
 
 DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
@@ -100,6 +100,25 @@ def seconds_flag(what: str):
         except UnitError as e:
             import argparse
             raise argparse.ArgumentTypeError(f"{e}; a plain number is in seconds") from None
+    return parse
+
+
+def count_flag(what: str, least: int, most: int | None = None, zero: str = ""):
+    """An argparse ``type`` for a count flag: an integer of ``least`` or more (and at most
+    ``most``); ``zero`` says what 0 means where it is allowed. A value outside is refused
+    naming the range, before the node or cluster starts anything."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < least or (most is not None and n > most):
+            import argparse
+            allowed = f"{least} to {most:,}" if most is not None else f"{least} or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: give an integer, {allowed}"
+                                             f"{f' (0: {zero})' if zero else ''}")
+        return n
+    parse.__name__ = what           # (argparse names the type in some messages)
     return parse
 
 

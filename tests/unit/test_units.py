@@ -151,3 +151,35 @@ def test_the_nodes_flags_take_the_same_grammar_and_plain_numbers(capsys):
             _parse(base + [flag, bad])
         err = capsys.readouterr().err
         assert f"argument {flag}: '{bad}' is not a {flag}" in err and "e.g." in err, err
+
+
+def test_the_nodes_and_local_clusters_count_flags_refuse_values_out_of_range(capsys):
+    """A count (groups, nodes, limits, a port) outside its range is refused naming the flag
+    and the range, and what 0 means where 0 is allowed, before anything starts: a node
+    with ``--max-requests 0`` ran and refused every call, one with ``--groups 0`` ran
+    with no data group."""
+    from storage_service.cli import _parse
+
+    base = ["node", "--id", "0", "--nodes", "127.0.0.1:1", "--data-dir", "/nonexistent"]
+    a = _parse(base + ["--groups", "2", "--max-requests", "1", "--max-parked-fetches", "1", "--max-open-files", "0",
+                       "--metrics-max-queue-series", "0", "--compaction-entries", "1", "--max-queues", "1"])
+    assert (a.groups, a.max_requests, a.max_parked_fetches, a.max_open_files) == (2, 1, 1, 0)
+    assert (a.metrics_max_queue_series, a.compaction_entries, a.max_queues) == (0, 1, 1)
+    for flag, bad, says in (("--max-requests", "0", "1 or more"), ("--groups", "-1", "1 or more"),
+                            ("--max-parked-fetches", "x", "1 or more"), ("--compaction-entries", "0", "1 or more"),
+                            ("--max-queues", "0", "1 or more"),
+                            ("--max-open-files", "-5", "0 or more (0: half the descriptor limit)"),
+                            ("--metrics-max-queue-series", "-1", "0 or more (0: per-topic series only)")):
+        with pytest.raises(SystemExit) as e:
+            _parse(base + [flag, bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}: '{bad}': give an integer, {says}" in err, err
+    assert _parse(["local", "--nodes", "1", "--port", "65535", "--racks", "0"]).port == 65535
+    for flag, bad, says in (("--nodes", "0", "1 or more"), ("--groups", "0", "1 or more"),
+                            ("--port", "70000", "0 to 65,535 (0: OS-assigned)"),
+                            ("--racks", "-2", "0 or more (0: no racks)")):
+        with pytest.raises(SystemExit):
+            _parse(["local", flag, bad])
+        err = capsys.readouterr().err
+        assert f"argument {flag}: '{bad}': give an integer, {says}" in err, err
