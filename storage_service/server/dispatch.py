@@ -56,6 +56,9 @@ class Limits:
     max_parked: int = 20_000       # long-polling fetches waiting for data
 
 
+GRPC_PENDING_HARD_LIMIT = 3000     # gRPC's default grpc.server.max_pending_requests_hard_limit
+
+
 @dataclass
 class Parked:
     """A fetch waiting for data: ``park(wake)`` registers ``wake`` with the queue and
@@ -122,8 +125,9 @@ class AsyncServer:
         # 2,000 polls re-sent at once by a crowd of consumers, while the loop thread
         # waits for the GIL, lost dozens so. Our own limits refuse with
         # RESOURCE_EXHAUSTED (``_run``, ``_wait``); the core holds up to as many calls
-        # as those admit, so a burst they would take is never dropped before them.
-        pending = self.limits.max_requests + self.limits.max_parked
+        # as those admit, and never fewer than its own hard limit (small limits of ours
+        # must not make it drop sooner), so a burst they would take is not dropped first.
+        pending = max(GRPC_PENDING_HARD_LIMIT, self.limits.max_requests + self.limits.max_parked)
         server = grpc.aio.server(options=GRPC_OPTIONS + [
             ("grpc.server.max_pending_requests", pending),
             ("grpc.server.max_pending_requests_hard_limit", pending)])
