@@ -25,7 +25,7 @@ def _parse(argv):
     n.add_argument("--listen", help="joining node: its gRPC address HOST:PORT (raft and produce take "
                                     "the next two ports)")
     n.add_argument("--join", help="joining node: nodes of the running cluster, H:P[,H:P]")
-    n.add_argument("--groups", type=count_flag("--groups", 1), default=4, help="data raft groups (default 4)")
+    n.add_argument("--groups", type=count_flag(1), default=4, help="data raft groups (default 4)")
     n.add_argument("--replication-factor", type=int, default=3,
                    help="replicas of each data group, on distinct nodes (default 3; at most the nodes)")
     n.add_argument("--data-dir", required=True)
@@ -43,18 +43,19 @@ def _parse(argv):
                    help="time between retention passes (seconds, or a duration: 500ms, 5s); default 5s")
     n.add_argument("--segment-bytes", type=bytes_flag("--segment-bytes"), default=64 << 20,
                    help="a queue's segment file size (bytes, or a size: 64MiB); default 64 MiB")
-    n.add_argument("--compaction-entries", type=count_flag("--compaction-entries", 1), default=2000,
+    n.add_argument("--compaction-entries", type=count_flag(1), default=2000,
                    help="snapshot + compact the raft log after this many entries")
-    n.add_argument("--max-open-files", type=count_flag("--max-open-files", 0, zero="half the descriptor limit"), default=0,
+    n.add_argument("--max-open-files", default=0,
+                   type=count_flag(0, zero="half the descriptor limit"),
                    help="segment files a node keeps open (default: half its descriptor limit, "
                         "raised to the hard limit); the least used queues' files close past it")
-    n.add_argument("--max-queues", type=count_flag("--max-queues", 1), default=200_000,
+    n.add_argument("--max-queues", type=count_flag(1), default=200_000,
                    help="queues the cluster may hold (default 200,000); a create or growth past "
                         "it is refused with RESOURCE_EXHAUSTED")
     n.add_argument("--repair-after", type=seconds_flag("--repair-after"), default=300.0,
                    help="time a node may be down before its replicas are re-created on other nodes "
                         "(seconds, or a duration: 5m); default 300 s")
-    n.add_argument("--max-requests", type=count_flag("--max-requests", 1), default=512,
+    n.add_argument("--max-requests", type=count_flag(1), default=512,
                    help="requests a node runs or queues at once; past it new ones get RESOURCE_EXHAUSTED "
                         "(the client backs off and retries); default 512")
     n.add_argument("--min-free-bytes", type=bytes_flag("--min-free-bytes"), default=64 << 20,
@@ -66,7 +67,7 @@ def _parse(argv):
                         "from peers (seconds, or a duration: 6h); default 6h; 0: off")
     n.add_argument("--scrub-bytes-per-s", type=bytes_flag("--scrub-bytes-per-s"), default=32 << 20,
                    help="what a scrub pass reads per second at most (default 32 MiB)")
-    n.add_argument("--max-parked-fetches", type=count_flag("--max-parked-fetches", 1), default=20_000,
+    n.add_argument("--max-parked-fetches", type=count_flag(1), default=20_000,
                    help="long-polling fetches (wait_ms) waiting at once; they hold no thread; default 20000")
     n.add_argument("--tls-ca", help="PEM: the CA of the cluster's certificates (with --tls-cert and "
                    "--tls-key: TLS on the gRPC and produce ports and to peers)")
@@ -95,20 +96,24 @@ def _parse(argv):
                         "status page; HTTPS with TLS)")
     n.add_argument("--no-metrics", action="store_true",
                    help="count nothing for /metrics (requests, latencies, produced and fetched bytes)")
-    n.add_argument("--metrics-max-queue-series", type=count_flag("--metrics-max-queue-series", 0, zero="per-topic series only"), default=30_000,
+    n.add_argument("--metrics-max-queue-series", default=30_000,
+                   type=count_flag(0, zero="per-topic series only"),
                    help="export per-queue series while they number at most this many (3 per queue this node "
                         "leads, +1 per consumer group, +2 for a tiered or compacted topic); past it per-topic "
                         "series only (default 30000)")
     n.add_argument("--log-level", default="INFO")
     loc = sub.add_parser("local", help="run a local cluster, one process per node, in the foreground")
-    loc.add_argument("--nodes", type=count_flag("--nodes", 1), default=None, help="default 3 (or what --data-dir holds)")
-    loc.add_argument("--groups", type=count_flag("--groups", 1), default=None, help="default 4 (or what --data-dir holds)")
+    loc.add_argument("--nodes", type=count_flag(1), default=None,
+                     help="default 3 (or what --data-dir holds)")
+    loc.add_argument("--groups", type=count_flag(1), default=None,
+                     help="default 4 (or what --data-dir holds)")
     loc.add_argument("--replication-factor", type=int, default=3,
                      help="replicas of each data group (default 3; 1 on a one-node cluster)")
     loc.add_argument("--data-dir", default="./data")
-    loc.add_argument("--port", type=count_flag("--port", 0, 65535, zero="OS-assigned"), default=0, help="base port (default: OS-assigned)")
+    loc.add_argument("--port", type=count_flag(0, 65535, zero="OS-assigned"), default=0,
+                     help="base port (default: OS-assigned)")
     loc.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
-    loc.add_argument("--racks", type=count_flag("--racks", 0, zero="no racks"), default=0,
+    loc.add_argument("--racks", type=count_flag(0, zero="no racks"), default=0,
                      help="put node i in rack r{i %% RACKS} (default 0: no racks)")
     loc.add_argument("--secure", action="store_true",
                      help="TLS on every node's ports, credentials and ACLs required: a CA, certificates, "

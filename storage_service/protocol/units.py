@@ -103,10 +103,10 @@ def seconds_flag(what: str):
     return parse
 
 
-def count_flag(what: str, least: int, most: int | None = None, zero: str = ""):
+def count_flag(least: int, most: int | None = None, zero: str = ""):
     """An argparse ``type`` for a count flag: an integer of ``least`` or more (and at most
     ``most``); ``zero`` says what 0 means where it is allowed. A value outside is refused
-    naming the range, before the node or cluster starts anything."""
+    naming the range (argparse names the flag), before the node or cluster starts anything."""
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -115,10 +115,10 @@ def count_flag(what: str, least: int, most: int | None = None, zero: str = ""):
         if n is None or n < least or (most is not None and n > most):
             import argparse
             allowed = f"{least} to {most:,}" if most is not None else f"{least} or more"
-            raise argparse.ArgumentTypeError(f"{text!r}: give an integer, {allowed}"
-                                             f"{f' (0: {zero})' if zero else ''}")
+            if zero:
+                allowed += f" (0: {zero})"
+            raise argparse.ArgumentTypeError(f"{text!r}: give an integer, {allowed}")
         return n
-    parse.__name__ = what           # (argparse names the type in some messages)
     return parse
 
 
