@@ -124,10 +124,12 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from .protocol.buffers import reuse_big_buffers
+    from .server.gcpolicy import freeze_startup, tune_collector
     from .app import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reuse_big_buffers()
+    tune_collector()
     if args.join:
         if not args.listen or args.nodes or args.id is not None:
             print("a joining node takes --listen HOST:PORT --join H:P[,H:P] (not --id/--nodes)", file=sys.stderr)
@@ -220,6 +222,7 @@ def run_node(args) -> int:
         node.stop()
         return 2
     stop = _stop_on_signals()
+    freeze_startup()
     logging.info("node %d serving on %s", args.id, addresses[args.id])
     stop.wait()
     server.stop(grace=1)

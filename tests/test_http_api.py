@@ -65,8 +65,11 @@ def test_metrics_parse_and_counters_rise_by_what_was_produced(cluster, client, t
                      "rmq_raft_applied_index", "rmq_raft_leader", "rmq_raft_journal_fsync_seconds_count",
                      "rmq_raft_snapshots_total", "rmq_process_resident_memory_bytes",
                      "rmq_process_open_fds", "rmq_process_cpu_seconds_total", "rmq_topic_bytes",
-                     "rmq_thread_cpu_seconds_total"):
+                     "rmq_thread_cpu_seconds_total", "python_gc_collections_total"):
         assert expected in names, expected
+    # each node process froze what its startup built: no collection walks it again (server/gcpolicy.py)
+    frozen = [scrape(cluster, i)[("rmq_gc_frozen_objects", ())] for i in range(3)]
+    assert all(n > 10_000 for n in frozen), frozen
     # CPU by thread role: the raft loop and its syncer are there, by role, on every node
     for i in range(3):
         roles = {dict(lab)["thread"]: v for (n, lab), v in scrape(cluster, i).items()

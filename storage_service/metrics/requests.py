@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+import gc
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
 __all__ = ["NodeMetrics", "LATENCY_BUCKETS", "FSYNC_BUCKETS"]
@@ -53,6 +56,9 @@ class NodeMetrics:
         self._fsync = Histogram("rmq_raft_journal_fsync_seconds", "fdatasync of a raft group's journal",
                                 ["group"], buckets=FSYNC_BUCKETS, registry=r)
         ProcessCollector(namespace="rmq", registry=r)
+        GCCollector(registry=r)      # python_gc_collections_total by generation (server/gcpolicy.py)
+        Gauge("rmq_gc_frozen_objects", "Objects of the node process's startup that no garbage collection "
+              "walks again (gc.freeze; server/gcpolicy.py)", registry=r).set_function(gc.get_freeze_count)
         self._children: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 
