@@ -14,7 +14,7 @@ from rmq_spark.client import Client, FailedPrecondition, InvalidArgument, KvConf
 
 from .conftest import wait_until
 from .fixtures.make_datadir import applied_everywhere
-from .test_produce_wire import _leader_of
+from .wire import leader_of
 
 pytestmark = pytest.mark.integration
 
@@ -112,7 +112,7 @@ def test_concurrent_increments_across_a_leader_kill_lose_no_update(kv):
     for t in threads:
         t.start()
     q = c.kv_get("cfg", "counter").queue
-    victim = _leader_of(c, "cfg", q)
+    victim = leader_of(c, "cfg", q)
     cluster.kill(victim, signal.SIGKILL)
     cluster.start_node(victim)
     for t in threads:
@@ -302,7 +302,7 @@ def test_one_register_is_linearizable_across_a_leader_kill(kv):
     threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
-    victim = _leader_of(c, "cfg", c.kv_get("cfg", "register").queue)
+    victim = leader_of(c, "cfg", c.kv_get("cfg", "register").queue)
     cluster.kill(victim, signal.SIGKILL)
     cluster.start_node(victim)
     for t in threads:

@@ -16,7 +16,7 @@ from storage_service.proto import rmq_pb2, rmq_pb2_grpc
 from storage_service.protocol.records import encode
 
 from .conftest import wait_until
-from .test_produce_wire import _leader_of
+from .wire import leader_of
 from .test_recovery import read_all
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,7 @@ def _batch(topic, q, seq, n, pid="p-in-order", in_order=True):
 def test_an_in_order_batch_past_the_next_sequence_is_refused_and_changes_nothing(pcluster):
     with Client(pcluster.endpoints) as c:
         c.create_topic("order", queues=1)
-        stub = _stub(pcluster, _leader_of(c, "order", 0))
+        stub = _stub(pcluster, leader_of(c, "order", 0))
 
         def send(*batch_args, **kw):
             return stub.ProduceBatches(rmq_pb2.ProduceBatchesRequest(batches=[_batch("order", 0, *batch_args, **kw)]),
@@ -119,7 +119,7 @@ def test_an_in_order_batch_past_the_next_sequence_is_refused_and_changes_nothing
 def test_a_full_commit_backlog_refuses_with_resource_exhausted_naming_the_limit(pcluster):
     with Client(pcluster.endpoints) as c:
         c.create_topic("backlog", queues=1)
-        stub = _stub(pcluster, _leader_of(c, "backlog", 0))
+        stub = _stub(pcluster, leader_of(c, "backlog", 0))
         value = b"v" * 1024
         batches = [rmq_pb2.ProduceRequest(topic="backlog", queue=0, records=encode([value] * 64),
                                           count=64) for _ in range(200)]      # 64 KiB each, 12.5 MiB in all
@@ -148,7 +148,7 @@ def test_a_backlog_of_many_small_batches_refuses_with_resource_exhausted_naming_
     from .scrape import scrape
     with Client(pcluster.endpoints) as c:
         c.create_topic("many-small", queues=1)
-        leader = _leader_of(c, "many-small", 0)
+        leader = leader_of(c, "many-small", 0)
         group = c.group_of("many-small", 0)
         followers = [pcluster.pid(i) for i in range(3) if i != leader]
         batches = [rmq_pb2.ProduceRequest(topic="many-small", queue=0, records=encode([b"%d" % i]), count=1)
@@ -242,7 +242,7 @@ def test_a_failing_producer_thread_answers_every_batch_and_flush_returns(pcluste
 def test_a_leader_killed_mid_stream_loses_and_duplicates_nothing(pcluster):
     with Client(pcluster.endpoints, timeout=60) as c:
         c.create_topic("kill", queues=4)
-        victim = _leader_of(c, "kill", 0)
+        victim = leader_of(c, "kill", 0)
         stop, futures = threading.Event(), []
         with c.producer(timeout=60) as p:
             def produce():
