@@ -124,7 +124,7 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from .protocol.buffers import reuse_big_buffers
-    from .server.gcpolicy import freeze_startup, tune_collector
+    from .server.gcpolicy import tune_collector
     from .app import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -222,7 +222,6 @@ def run_node(args) -> int:
         node.stop()
         return 2
     stop = _stop_on_signals()
-    freeze_startup()
     logging.info("node %d serving on %s", args.id, addresses[args.id])
     stop.wait()
     server.stop(grace=1)

@@ -174,13 +174,19 @@ class _LimitedSite(web.TCPSite):
         await web.BaseSite.start(self)
         handler = self._runner.server
 
+        loop = asyncio.get_running_loop()
+        tls = self._ssl_context is not None
+
         def connection():
             # counted here, at accept: aiohttp registers a connection only once its
             # transport is made (after a TLS handshake; a burst of accepts comes first)
             if self.open >= MAX_CONNECTIONS:
                 return _Refused()
             self.open += 1
-            return _Counted(handler(), self)
+            counted = _Counted(handler(), self)
+            if tls:      # (weakly: the collector may free it, and its slot, sooner)
+                loop.call_later(HANDSHAKE_SECONDS + 1.0, _unmade, weakref.ref(counted))
+            return counted
         self._server = await asyncio.get_running_loop().create_server(
             connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address,
@@ -189,16 +195,29 @@ class _LimitedSite(web.TCPSite):
 
 class _Counted(asyncio.Protocol):
     """aiohttp's protocol for one connection, which gives its slot back when lost, or
-    when dropped unconnected: asyncio never tells the protocol of a connection whose
-    TLS handshake failed, it only lets go of it."""
-    __slots__ = ("inner", "site", "_slot", "__weakref__")
+    when its TLS handshake never completed: asyncio never tells the protocol of a
+    connection whose handshake failed, it only lets go of it. The handshake ends by
+    ``HANDSHAKE_SECONDS`` (asyncio's timeout), so a connection not made a second
+    after that gives its slot back (``unmade``), or sooner, when the garbage
+    collector frees the protocol (the failed handshake leaves it in a reference
+    cycle: the node's collector walks those seldom, ``server/gcpolicy.py``)."""
+    __slots__ = ("inner", "site", "_slot", "_made", "__weakref__")
 
     def __init__(self, inner, site: _LimitedSite):
         self.inner, self.site = inner, site
         self._slot = slot = [True]         # held
+        self._made = False
         weakref.finalize(self, _release, site, slot)
 
+    def unmade(self) -> None:
+        if not self._made:
+            _release(self.site, self._slot)
+
     def connection_made(self, transport) -> None:
+        self._made = True
+        if not self._slot[0]:              # (made after all: counted again)
+            self._slot[0] = True
+            self.site.open += 1
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -216,6 +235,12 @@ class _Counted(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         _release(self.site, self._slot)
         self.inner.connection_lost(exc)
+
+
+def _unmade(ref: weakref.ref) -> None:
+    counted = ref()
+    if counted is not None:
+        counted.unmade()
 
 
 def _release(site: _LimitedSite, slot: list) -> None:

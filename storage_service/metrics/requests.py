@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import threading
 
-import gc
-
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
@@ -57,8 +55,6 @@ class NodeMetrics:
                                 ["group"], buckets=FSYNC_BUCKETS, registry=r)
         ProcessCollector(namespace="rmq", registry=r)
         GCCollector(registry=r)      # python_gc_collections_total by generation (server/gcpolicy.py)
-        Gauge("rmq_gc_frozen_objects", "Objects of the node process's startup that no garbage collection "
-              "walks again (gc.freeze; server/gcpolicy.py)", registry=r).set_function(gc.get_freeze_count)
         self._children: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 

@@ -1,4 +1,4 @@
-"""The node process's cyclic garbage collector: fewer, shorter pauses (issue 39.6).
+"""The node process's cyclic garbage collector: fewer long pauses (issue 39.6).
 
 Python's collector stops the whole process (it holds the GIL) while it walks
 the objects of the generations it collects. A node's young objects are not
@@ -7,55 +7,46 @@ a context and a timer for its whole wait (seconds), ~20 tracked objects each.
 With 2,000 consumers polling, a node carried 40,000-50,000 such objects in its
 young generations; with CPython's default thresholds (700, 10, 10) it walked
 them in a generation-1 collection about once a second (12-24 ms of CPU each,
-measured with ``gc.callbacks``) and in a full collection every ~10 s (60-105
-ms, with the ~50,000 objects of its startup). A produce arriving meanwhile
-waited: that was the slow tail of ``bench/many_clients.py``.
+measured with ``gc.callbacks``) and in a full collection every ~10-20 s
+(60-105 ms). A produce arriving meanwhile waited: that was the slow tail of
+``bench/many_clients.py``.
 
-Two changes, for the node process only (``rmq-storage node``; a process that
-embeds a node, Spark's or a test's, keeps its own settings):
+``tune_collector`` (``rmq-storage node`` only: a process that embeds a node
+keeps its own settings) makes generation-1 collections 20 times rarer: every
+200 young collections instead of 10. A waiting fetch's objects, promoted once,
+now mostly end their wait (and are freed by their reference counts) before a
+generation-1 collection would walk them, and full collections (every 10 of
+those) are as much rarer. Young collections stay as often as before, so a
+reference cycle made and dropped by one request is still found within a few
+hundred allocations; a cycle that outlives a young collection waits for the
+next generation-1 one: seconds to minutes under load, longer when idle. The
+node's own resources never wait for it (files and sockets are closed
+explicitly; an HTTP connection slot comes back by a timer, ``http/server.py``).
 
-* ``tune_collector`` at start: a generation-1 collection every 200 young
-  collections instead of 10. A waiting fetch's objects, promoted once, now
-  mostly end their wait (and are freed by their reference counts) before a
-  generation-1 collection would walk them. Young collections stay as often as
-  before, so garbage in cycles made and dropped by a request is still found
-  within a few hundred allocations; cycles that outlive a young collection
-  wait for the next generation-1 one (seconds under load, longer when idle).
-* ``freeze_startup`` once the node serves: what startup built (modules,
-  classes, the groups' state) moves to the permanent generation, where no
-  collection walks it again (``gc.freeze``). The price: a structure built at
-  startup that is dropped later while it holds a reference cycle (a group's
-  state after its replica moved away) is never freed, at most what startup
-  built, once.
+Measured (``bench/RESULTS.md``, many waiting consumers): over 60 s no node
+paused more than 5 ms but young collections (at most 4 ms); the 2,000-poller
+row's produce p99 fell in 10 of 10 alternating pairs, median 33 against 46 ms.
 
-Measured (``bench/many_clients.py --pollers 2000 --seconds 60``, 2-core VM,
-``bench/RESULTS.md``): no node pause over 5 ms but young collections (max
-4 ms); produce p99 21.9 / 22.6 ms against 44.9 / 47.5 ms without.
+CPython 3.14's collector is incremental: its thresholds mean something else,
+and this leaves them alone there.
 """
 from __future__ import annotations
 
 import gc
 import logging
-import time
+import sys
 
-__all__ = ["THRESHOLDS", "freeze_startup", "tune_collector"]
+__all__ = ["THRESHOLDS", "tune_collector"]
 
 log = logging.getLogger(__name__)
 THRESHOLDS = (700, 200, 10)     # (young allocations, young collections per gen-1, gen-1 per full)
 
 
-def tune_collector() -> None:
-    """This process's collector thresholds (``THRESHOLDS``)."""
-    gc.set_threshold(*THRESHOLDS)
-
-
-def freeze_startup() -> int:
-    """Collect what startup left as garbage, then freeze every object left (never
-    walked again by a collection); returns how many were frozen."""
-    t0 = time.perf_counter()
-    gc.collect()
-    gc.freeze()
-    frozen = gc.get_freeze_count()
-    log.info("garbage collector: %d objects of the node's startup frozen (%.0f ms)", frozen,
-             (time.perf_counter() - t0) * 1000)
-    return frozen
+def tune_collector() -> tuple[int, ...]:
+    """Set this process's collector thresholds (``THRESHOLDS``) where the collector is
+    generational (CPython before 3.14); returns the thresholds in force."""
+    if sys.version_info < (3, 14):
+        gc.set_threshold(*THRESHOLDS)
+    got = gc.get_threshold()
+    log.info("garbage collector thresholds %s", got)
+    return got
