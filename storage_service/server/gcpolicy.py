@@ -25,7 +25,7 @@ explicitly; an HTTP connection slot comes back by a timer, ``http/server.py``).
 
 Measured (``bench/RESULTS.md``, many waiting consumers): over 60 s no node
 paused more than 5 ms but young collections (at most 4 ms); the 2,000-poller
-row's produce p99 fell in 10 of 10 alternating pairs, median 33 against 46 ms.
+row's produce p99 fell in 12 of 12 alternating pairs, median 29 against 42 ms.
 
 CPython 3.14's collector is incremental: its thresholds mean something else,
 and this leaves them alone there.
