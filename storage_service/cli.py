@@ -124,12 +124,10 @@ def _parse(argv):
 
 def run_node(args) -> int:
     from .protocol.buffers import reuse_big_buffers
-    from .server.gcpolicy import tune_collector
     from .app import serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reuse_big_buffers()
-    tune_collector()
     if args.join:
         if not args.listen or args.nodes or args.id is not None:
             print("a joining node takes --listen HOST:PORT --join H:P[,H:P] (not --id/--nodes)", file=sys.stderr)

@@ -200,7 +200,7 @@ class _Counted(asyncio.Protocol):
     ``HANDSHAKE_SECONDS`` (asyncio's timeout), so a connection not made a second
     after that gives its slot back (``unmade``), or sooner, when the garbage
     collector frees the protocol (the failed handshake leaves it in a reference
-    cycle: the node's collector walks those seldom, ``server/gcpolicy.py``)."""
+    cycle, which only the collector frees, when it gets to it)."""
     __slots__ = ("inner", "site", "_slot", "_made", "__weakref__")
 
     def __init__(self, inner, site: _LimitedSite):

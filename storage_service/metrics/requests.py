@@ -54,7 +54,7 @@ class NodeMetrics:
         self._fsync = Histogram("rmq_raft_journal_fsync_seconds", "fdatasync of a raft group's journal",
                                 ["group"], buckets=FSYNC_BUCKETS, registry=r)
         ProcessCollector(namespace="rmq", registry=r)
-        GCCollector(registry=r)      # python_gc_collections_total by generation (server/gcpolicy.py)
+        GCCollector(registry=r)      # python_gc_collections_total by generation (the process's)
         self._children: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
 

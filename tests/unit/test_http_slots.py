@@ -1,7 +1,7 @@
 """The HTTP port's connection slots (storage_service/http/server.py) come back from
 TLS handshakes that fail, without waiting for the garbage collector: asyncio drops
-such a connection's protocol without telling it, in a reference cycle, and the node
-process's collector walks those seldom (storage_service/server/gcpolicy.py)."""
+such a connection's protocol without telling it, in a reference cycle, which only the
+collector frees, when it gets to it (under load, later than a slot is wanted back)."""
 from __future__ import annotations
 
 import asyncio
