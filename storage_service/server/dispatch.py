@@ -243,10 +243,14 @@ class AsyncServer:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                          f"node {self.name} is at its limit of {self.limits.max_parked} waiting fetches "
                          f"(--max-parked-fetches): fetch with a shorter wait_ms, or from another replica")
-        woken = self.loop.create_future()
+        # One future and one timer (not asyncio.wait_for's coroutine, second
+        # future and callback): a crowd of waiting fetches is that many more
+        # objects for the garbage collector to walk (bench/RESULTS.md).
+        loop = self.loop
+        woken = loop.create_future()
 
         def wake() -> None:             # called by apply on a raft thread
-            self.loop.call_soon_threadsafe(_settle, woken)
+            loop.call_soon_threadsafe(_settle, woken, True)
 
         try:
             cancel = parked.park(wake)
@@ -255,12 +259,11 @@ class AsyncServer:
         if cancel is None:              # the data came meanwhile
             return True
         self.parked += 1
+        timer = loop.call_later(parked.timeout, _settle, woken, False)
         try:
-            await asyncio.wait_for(woken, parked.timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await woken
         finally:
+            timer.cancel()
             self.parked -= 1
             cancel()
 
@@ -280,6 +283,6 @@ def _credentials(context) -> tuple[str | None, str | None]:
     return token, names[0].decode() if names else None
 
 
-def _settle(fut: asyncio.Future) -> None:
+def _settle(fut: asyncio.Future, woken: bool) -> None:
     if not fut.done():
-        fut.set_result(None)
+        fut.set_result(woken)
