@@ -8,7 +8,7 @@ import zlib
 import pytest
 
 from storage_service.local import LocalCluster
-from rmq_spark.client import Client
+from rmq_spark.client import Client, TlsFiles
 from rmq_spark.spark import SHORT_LIVED_JVM
 
 # Every Spark JVM a test starts binds to loopback only.
@@ -61,6 +61,13 @@ def secure(tmp_path_factory):
     c.start()
     yield c
     c.stop()
+
+
+@pytest.fixture(scope="module")
+def secure_admin(secure):
+    """The admin's client of the module's secured cluster (TLS, the admin's token)."""
+    with Client(secure.endpoints, tls=TlsFiles(secure.tls.ca), token=secure.token) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

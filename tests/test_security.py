@@ -2,8 +2,8 @@
 
 One 3-node ``secure=True`` cluster (TLS, ``--authorize``, a token secret, the
 admin's token) for the module: principals made with ``create_principal``, ACLs
-through the metadata group, every refusal checked to change nothing; the
-produce port's token hello over TLS.
+through the metadata group, every refusal checked to change nothing (the
+produce port's token hello and key-value calls: test_security_ports.py).
 """
 from __future__ import annotations
 
@@ -19,12 +19,9 @@ from rmq_spark.client import Client, PermissionDenied, TlsFiles, Unauthenticated
 from rmq_spark.client.errors import AlreadyExists, FailedPrecondition
 from storage_service.local import LocalCluster
 from storage_service.proto import rmq_pb2
-from storage_service.protocol.placement import produce_address
-from storage_service.protocol.fetch_wire import decode_fetch_response
-from storage_service.protocol.produce_frames import (HELLO, METHOD_FETCH, METHOD_KV_PUT, METHOD_KV_READ, FrameReader,
-                                                     check_hello, frame_head, hello)
-from storage_service.protocol.tls import client_context
 from storage_service.security.tokens import TokenKeys
+
+from .secured import client_as
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +34,11 @@ def cluster(secure):
 
 
 @pytest.fixture(scope="module")
-def admin(cluster):
-    with Client(cluster.endpoints, tls=TlsFiles(cluster.tls.ca), token=cluster.token) as c:
-        c.create_topic("orders", queues=2)
-        c.produce("orders", [b"first"], queue=0)
-        yield c
+def admin(secure_admin):
+    secure_admin.create_topic("orders", queues=2)
+    secure_admin.produce("orders", [b"first"], queue=0)
+    return secure_admin
 
-
-def _as(cluster, token, endpoints=None, **kw) -> Client:
-    return Client(endpoints or cluster.endpoints, tls=TlsFiles(cluster.tls.ca), token=token,
-                  timeout=5, attempt_timeout=2, **kw)
 
 
 def _latest(admin, topic="orders") -> list[int]:
@@ -66,7 +58,7 @@ def test_no_invalid_or_expired_token_is_unauthenticated(cluster, admin):
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp))
     for token, says in ((None, "needs credentials"), ("not-a-jwt", "not a token of this cluster"),
                         (expired, f"expired at {when}"), (forged, "signature")):
-        with _as(cluster, token) as c:
+        with client_as(cluster, token) as c:
             with pytest.raises(Unauthenticated, match=says) as raised:
                 c.produce("orders", [b"x"], queue=0)
             # every refusal names where a valid token comes from
@@ -76,14 +68,14 @@ def test_no_invalid_or_expired_token_is_unauthenticated(cluster, admin):
             with pytest.raises(Unauthenticated, match=says):    # the produce port's path (hello)
                 c.produce_batches([("orders", 0, [b"x"])])
     assert _latest(admin) == before
-    with _as(cluster, bob["token"]) as c:            # the valid token is known, but has no ACL
+    with client_as(cluster, bob["token"]) as c:            # the valid token is known, but has no ACL
         assert c.whoami()["principal"] == "bob-auth"
 
 
 def test_without_an_acl_everything_is_denied_and_nothing_changes(cluster, admin):
     carol = admin.create_principal("carol")
     before = _latest(admin)
-    with _as(cluster, carol["token"]) as c:
+    with client_as(cluster, carol["token"]) as c:
         assert c.list_topics() == []                 # only what carol may describe
         with pytest.raises(PermissionDenied, match="'carol' may not describe topic 'orders'"):
             c.describe_topic("orders")
@@ -120,14 +112,14 @@ def test_without_an_acl_everything_is_denied_and_nothing_changes(cluster, admin)
 def test_an_acl_holds_at_once_on_every_node(cluster, admin):
     dave = admin.create_principal("dave")
     for address in cluster.addresses:               # a token made a moment ago works everywhere
-        with _as(cluster, dave["token"], [address]) as c:
+        with client_as(cluster, dave["token"], [address]) as c:
             assert c.whoami(address)["principal"] == "dave"
     admin.change_acls(True, [dict(principal="dave", resource_type="topic", name="ord", prefix=True,
                                   operations=["produce", "consume"]),
                              dict(principal="dave", resource_type="group", name="dave-g",
                                   operations=["consume"])])
     for i, address in enumerate(cluster.addresses):
-        with _as(cluster, dave["token"], [address]) as c:
+        with client_as(cluster, dave["token"], [address]) as c:
             assert [t["name"] for t in c.list_topics()] == ["orders"]     # produce implies describe
             r = c.produce("orders", [f"dave-{i}".encode()], queue=1)[0]
             assert f"dave-{i}".encode() in [m.value for m in c.fetch("orders", 1, r.base_offset).records]
@@ -140,7 +132,7 @@ def test_an_acl_holds_at_once_on_every_node(cluster, admin):
     admin.change_acls(False, [dict(principal="dave", resource_type="topic", name="ord", prefix=True,
                                    operations=["produce"])])
     for address in cluster.addresses:
-        with _as(cluster, dave["token"], [address]) as c:
+        with client_as(cluster, dave["token"], [address]) as c:
             with pytest.raises(PermissionDenied, match="may not produce"):
                 c.produce("orders", [b"no"], queue=1)
             c.fetch("orders", 1, 0)                  # consume stays
@@ -153,14 +145,14 @@ def test_deleted_or_rotated_principals_tokens_stop_working_everywhere(cluster, a
     new = admin.create_principal("erin", rotate=True)
     assert new["version"] > old["version"]
     for address in cluster.addresses:
-        with _as(cluster, old["token"], [address]) as c:
+        with client_as(cluster, old["token"], [address]) as c:
             with pytest.raises(Unauthenticated, match="replaced by a newer one"):
                 c.whoami(address)
-        with _as(cluster, new["token"], [address]) as c:
+        with client_as(cluster, new["token"], [address]) as c:
             assert c.whoami(address)["principal"] == "erin"
     admin.delete_principal("erin")
     for address in cluster.addresses:
-        with _as(cluster, new["token"], [address]) as c:
+        with client_as(cluster, new["token"], [address]) as c:
             with pytest.raises(Unauthenticated, match="was deleted"):
                 c.whoami(address)
 
@@ -191,7 +183,7 @@ def test_watermarks_need_the_alter_acl_and_the_current_lease(cluster, admin):
     job = admin.create_principal("tier-job")
     admin.change_acls(True, [dict(principal="tier-job", resource_type="topic", name="tiered",
                                   operations=["consume", "alter"])])
-    with _as(cluster, job["token"]) as c:
+    with client_as(cluster, job["token"]) as c:
         with pytest.raises(FailedPrecondition, match="lease_token"):
             c.set_watermark("tiered", "archive", {0: 2})            # no lease token
         granted, _, _, token = c.lease("tiered", "tier", "job-a", 60_000)
@@ -205,7 +197,7 @@ def test_watermarks_need_the_alter_acl_and_the_current_lease(cluster, admin):
     # ... and taken by another owner: the old token is stale for good
     granted, _, _, token_b = admin.lease("tiered", "tier", "job-b", 60_000)
     assert granted and token_b != token
-    with _as(cluster, job["token"]) as c:
+    with client_as(cluster, job["token"]) as c:
         with pytest.raises(FailedPrecondition, match="not the topic's tier lease"):
             c.set_watermark("tiered", "archive", {0: 3}, lease_token=token)
     assert admin.describe_topic("tiered")["queue_info"][0]["archived"] == 2
@@ -267,130 +259,6 @@ def test_the_cli_makes_principals_and_acls(cluster, admin, tmp_path):
     assert bad.returncode == 1 and "allowed produce, consume, describe, alter" in bad.stderr
     both = run("principal", "whoami", RMQ_TOKEN=token)          # token and token file: refused
     assert both.returncode == 2 and "not both" in both.stderr
-
-
-def _leader_of(admin, topic: str) -> str:
-    g = admin.group_of(topic, 0)
-    return next(grp["leader"] for n in admin.cluster_status()["nodes"] for grp in n["groups"]
-                if grp["group"] == g and grp["leader"])
-
-
-def _read_frame(s, frames: FrameReader, first: bytes = b""):
-    got = next(iter(frames.feed(first)), None) if first else None
-    while got is None:
-        chunk = s.recv(1 << 16)
-        assert chunk, "closed without an answer"
-        got = next(iter(frames.feed(chunk)), None)
-    return got.code, bytes(got.body)
-
-
-class _ProducePort:
-    """A produce-port connection over TLS with a token in its hello."""
-
-    def __init__(self, cluster, address: str, token: str | None):
-        host, port = produce_address(address).rsplit(":", 1)
-        raw = socket.create_connection((host, int(port)), timeout=10)
-        self.s = client_context(TlsFiles(cluster.tls.ca)).wrap_socket(raw, server_hostname=host)
-        self.s.sendall(hello(token))
-        first = self.s.recv(HELLO.size)
-        self.frames = FrameReader(1 << 20)
-        self.refused = None
-        if first[:4] == b"RMQP":
-            check_hello(first)
-        else:                                       # an error frame instead of the node's hello
-            self.refused = _read_frame(self.s, self.frames, first)
-
-    def produce(self, topic: str, rid: int = 1) -> tuple[int, bytes]:
-        from rmq_spark.client._messages import to_block
-        body = rmq_pb2.ProduceBatchesRequest(batches=[rmq_pb2.ProduceRequest(
-            topic=topic, queue=0, records=to_block([b"wire"]), count=1)]).SerializeToString()
-        self.s.sendall(frame_head(rid, 1, len(body)) + body)
-        return _read_frame(self.s, self.frames)
-
-    def fetch(self, topic: str, rid: int = 1) -> tuple[int, bytes]:
-        body = rmq_pb2.FetchRequest(topic=topic, queue=0, offset=0).SerializeToString()
-        self.s.sendall(frame_head(rid, METHOD_FETCH, len(body)) + body)
-        return _read_frame(self.s, self.frames)
-
-    def call(self, method: int, request, rid: int = 1) -> tuple[int, bytes]:
-        body = request.SerializeToString()
-        self.s.sendall(frame_head(rid, method, len(body)) + body)
-        return _read_frame(self.s, self.frames)
-
-    def close(self) -> None:
-        self.s.close()
-
-
-def test_the_produce_port_authenticates_its_hello_and_every_frame(cluster, admin):
-    admin.create_topic("wire", queues=1)
-    leader = _leader_of(admin, "wire")
-    pete = admin.create_principal("pete")
-    garbage = _ProducePort(cluster, leader, "garbage")
-    assert garbage.refused is not None and garbage.refused[0] == 16 and b"not a token" in garbage.refused[1]
-    garbage.close()
-    anonymous = _ProducePort(cluster, leader, None)
-    code, body = anonymous.produce("wire")
-    assert code == 16 and b"needs credentials" in body                     # UNAUTHENTICATED
-    anonymous.close()
-    conn = _ProducePort(cluster, leader, pete["token"])
-    try:
-        code, body = conn.produce("wire")
-        assert code == 7 and b"'pete' may not produce topic 'wire'" in body  # PERMISSION_DENIED
-        assert [o.latest for o in admin.offsets("wire")] == [0]
-        admin.change_acls(True, [dict(principal="pete", resource_type="topic", name="wire",
-                                      operations=["produce"])])
-        code, body = conn.produce("wire", 2)
-        assert code == 0 and rmq_pb2.ProduceBatchesResponse.FromString(body).outcomes[0].code == 0
-        # a fetch on the port is checked as gRPC's Fetch is: produce is not consume
-        code, body = conn.fetch("wire", 4)
-        assert code == 7 and b"'pete' may not consume topic 'wire'" in body, body
-        admin.change_acls(True, [dict(principal="pete", resource_type="topic", name="wire",
-                                      operations=["consume"])])
-        code, body = conn.fetch("wire", 5)
-        assert code == 0 and bytes(decode_fetch_response(body).batches).count(b"wire") == 1
-        # rotated while the connection is open: its next frame is refused
-        admin.create_principal("pete", rotate=True)
-        code, body = conn.produce("wire", 3)
-        assert code == 16 and b"replaced by a newer one" in body
-    finally:
-        conn.close()
-    assert [o.latest for o in admin.offsets("wire")] == [1]
-
-
-def test_threads_producing_to_an_allowed_and_a_denied_topic_each_get_their_own_answer(cluster, admin):
-    """One Client's threads share produce requests to a node (ProduceSender); a request
-    refused for the topic one thread may not write is sent again call by call, so the
-    other threads' produces are stored (review of 51bd33e)."""
-    import threading
-
-    for t in ("mx-ok", "mx-no"):
-        admin.create_topic(t, queues=6)
-    leaders = {t: {q: i["leader"] for q, i in enumerate(admin.describe_topic(t)["queue_info"])}
-               for t in ("mx-ok", "mx-no")}
-    pairs = [(qa, qb) for qa, la in leaders["mx-ok"].items() for qb, lb in leaders["mx-no"].items() if la == lb]
-    assert pairs, f"no node leads a queue of both topics: {leaders}"
-    qa, qb = pairs[0]
-    mia = admin.create_principal("mia")
-    admin.change_acls(True, [dict(principal="mia", resource_type="topic", name="mx-ok",
-                                  operations=["produce", "describe"]),
-                             dict(principal="mia", resource_type="topic", name="mx-no", operations=["describe"])])
-    outcomes: list = []
-    with _as(cluster, mia["token"]) as c:
-        def run(i: int) -> None:
-            topic, q = ("mx-ok", qa) if i % 2 else ("mx-no", qb)
-            for k in range(10):
-                try:
-                    c.produce(topic, [f"{i}-{k}".encode()], queue=q)
-                    outcomes.append((topic, "stored"))
-                except PermissionDenied as e:
-                    outcomes.append((topic, "denied" if "may not produce topic 'mx-no'" in str(e) else str(e)))
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert sorted(set(outcomes)) == [("mx-no", "denied"), ("mx-ok", "stored")], sorted(set(outcomes))
-    assert admin.offsets("mx-ok")[qa].latest == 40 and sum(o.latest for o in admin.offsets("mx-no")) == 0
 
 
 def test_a_node_refuses_unsafe_security_settings_before_starting(tmp_path, cluster):
@@ -519,34 +387,3 @@ def test_the_http_port_is_https_with_the_same_credentials_and_acls(cluster, admi
                 pass
     r = requests.get(f"{base}/metrics", verify=ca, headers=as_dora, timeout=10)
     assert r.status_code == 200
-
-
-def test_key_value_calls_need_produce_to_write_and_consume_to_read(cluster, admin):
-    """KvPut is a produce and KvRead a consume, over gRPC (the client over TLS) and
-    on the produce port's frames alike; a refused write stores nothing."""
-    admin.create_topic("settings", queues=1, cleanup_policy="compact")
-    rev = admin.kv_put("settings", "k", b"v1")
-    reader, writer = admin.create_principal("kv-reader"), admin.create_principal("kv-writer")
-    admin.change_acls(True, [dict(principal="kv-reader", resource_type="topic", name="settings",
-                                  operations=["consume"]),
-                             dict(principal="kv-writer", resource_type="topic", name="settings",
-                                  operations=["produce"])])
-    with _as(cluster, reader["token"]) as r, _as(cluster, writer["token"]) as w:
-        assert r.kv_get("settings", "k").value == b"v1"
-        assert [k for k, _ in r.kv_keys("settings")] == [b"k"]
-        with pytest.raises(PermissionDenied, match="'kv-reader' may not produce topic 'settings'"):
-            r.kv_put("settings", "k", b"no", if_revision=rev)
-        rev2 = w.kv_put("settings", "k", b"v2", if_revision=rev)
-        with pytest.raises(PermissionDenied, match="'kv-writer' may not consume topic 'settings'"):
-            w.kv_get("settings", "k")
-    leader = _leader_of(admin, "settings")
-    port = _ProducePort(cluster, leader, reader["token"])
-    try:
-        code, body = port.call(METHOD_KV_PUT, rmq_pb2.KvPutRequest(topic="settings", key=b"k", value=b"no"))
-        assert code == 7 and b"'kv-reader' may not produce topic 'settings'" in body, body
-        code, body = port.call(METHOD_KV_READ, rmq_pb2.KvReadRequest(topic="settings", key=b"k"), rid=2)
-        assert code == 0 and rmq_pb2.KvReadResponse.FromString(body).entries[0].value == b"v2"
-    finally:
-        port.close()
-    got = admin.kv_get("settings", "k")
-    assert (got.value, got.revision) == (b"v2", rev2)
