@@ -10,18 +10,12 @@ from storage_service.protocol.placement import produce_address
 from storage_service.protocol.produce_frames import HELLO, METHOD_FETCH, FrameReader, check_hello, frame_head, hello
 from storage_service.protocol.tls import client_context
 
-__all__ = ["ProducePort", "client_as", "leader_of_topic", "read_frame"]
+__all__ = ["ProducePort", "client_as", "read_frame"]
 
 
 def client_as(cluster, token, endpoints=None, **kw) -> Client:
     return Client(endpoints or cluster.endpoints, tls=TlsFiles(cluster.tls.ca), token=token,
                   timeout=5, attempt_timeout=2, **kw)
-
-
-def leader_of_topic(admin, topic: str) -> str:
-    g = admin.group_of(topic, 0)
-    return next(grp["leader"] for n in admin.cluster_status()["nodes"] for grp in n["groups"]
-                if grp["group"] == g and grp["leader"])
 
 
 def read_frame(s, frames: FrameReader, first: bytes = b""):

@@ -11,7 +11,8 @@ from storage_service.proto import rmq_pb2
 from storage_service.protocol.fetch_wire import decode_fetch_response
 from storage_service.protocol.produce_frames import METHOD_KV_PUT, METHOD_KV_READ
 
-from .secured import ProducePort, client_as, leader_of_topic
+from .secured import ProducePort, client_as
+from .wire import leader_of
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def admin(secure_admin):
 
 def test_the_produce_port_authenticates_its_hello_and_every_frame(cluster, admin):
     admin.create_topic("wire", queues=1)
-    leader = leader_of_topic(admin, "wire")
+    leader = cluster.addresses[leader_of(admin, "wire", 0)]
     pete = admin.create_principal("pete")
     garbage = ProducePort(cluster, leader, "garbage")
     assert garbage.refused is not None and garbage.refused[0] == 16 and b"not a token" in garbage.refused[1]
@@ -116,7 +117,7 @@ def test_key_value_calls_need_produce_to_write_and_consume_to_read(cluster, admi
         rev2 = w.kv_put("settings", "k", b"v2", if_revision=rev)
         with pytest.raises(PermissionDenied, match="'kv-writer' may not consume topic 'settings'"):
             w.kv_get("settings", "k")
-    leader = leader_of_topic(admin, "settings")
+    leader = cluster.addresses[leader_of(admin, "settings", 0)]
     port = ProducePort(cluster, leader, reader["token"])
     try:
         code, body = port.call(METHOD_KV_PUT, rmq_pb2.KvPutRequest(topic="settings", key=b"k", value=b"no"))

@@ -173,7 +173,6 @@ class _LimitedSite(web.TCPSite):
     async def start(self) -> None:
         await web.BaseSite.start(self)
         handler = self._runner.server
-
         loop = asyncio.get_running_loop()
         tls = self._ssl_context is not None
 
@@ -187,7 +186,7 @@ class _LimitedSite(web.TCPSite):
             if tls:      # (weakly: the collector may free it, and its slot, sooner)
                 loop.call_later(HANDSHAKE_SECONDS + 1.0, _unmade, weakref.ref(counted))
             return counted
-        self._server = await asyncio.get_running_loop().create_server(
+        self._server = await loop.create_server(
             connection, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
             reuse_address=self._reuse_address,
             ssl_handshake_timeout=HANDSHAKE_SECONDS if self._ssl_context is not None else None)
