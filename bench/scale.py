@@ -221,7 +221,11 @@ def producer(spec: dict) -> dict:
         spec.update(json.loads(sys.stdin.readline()))
         while time.time() < spec["t0"] - spec["warmup"]:
             time.sleep(0.01)
-        nxt = time.time()
+        # Paced producers start at a random point of their period: started together, the
+        # processes would send in step, every call of every producer at the same instant
+        # (bursts of the whole load, idle in between), which no set of independent
+        # producers does.
+        nxt = time.time() + (rng.uniform(0.0, gap) if gap and spec.get("spread", True) else 0.0)
         cpu0 = None
         while True:
             now = time.time()
@@ -252,6 +256,7 @@ def _producers(endpoints: list[str], topic: str, queues: int, count: int, rate: 
     procs = []
     for k in range(count):
         spec = dict(endpoints=endpoints, topic=topic, queues=queues, rate=rate / count if rate else 0,
+                    spread=not IN_STEP,
                     seed=k, warmup=warmup)
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--producer", json.dumps(spec)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
@@ -279,6 +284,7 @@ def _even_leaders(c: Client, nodes: int, say, timeout: float = 120.0) -> tuple[i
         time.sleep(0.5)
 
 
+IN_STEP = False             # --in-step: paced producers start together (the bench before 2026-11-29)
 PROBE_GAP_S = 0.02          # the single-message probe: one produce call every 20 ms
 
 
@@ -562,6 +568,9 @@ def main(argv=None) -> int:
                    help="offered load of the same-load rows, msgs/s (default: half the first row's rate; 0: none)")
     p.add_argument("--fsync", default="always", choices=FSYNC_POLICIES)
     p.add_argument("--seconds", type=float, default=15.0, help="measured window of each node run")
+    p.add_argument("--in-step", action="store_true",
+                   help="paced producers start together and send in step (the bench before 2026-11-29: "
+                        "bursts of the whole offered load)")
     p.add_argument("--probe", action="store_true",
                    help="nodes part: time single-message produces beside each run (issue 39.4; their ~50 "
                         "small raft entries a second count in node CPU per message)")
@@ -570,6 +579,8 @@ def main(argv=None) -> int:
     if a.producer:
         print(json.dumps(producer(json.loads(a.producer))))
         return 0
+    global IN_STEP
+    IN_STEP = a.in_step
     a.nodes = a.nodes or [3, 6, 9]
     a.sweep = [s for s in (a.sweep or [12, 24, 48]) if s]
     parts = a.only or ["queues", "nodes", "pipeline", "placement"]
