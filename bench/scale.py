@@ -178,21 +178,30 @@ def _scrapes(cluster: LocalCluster) -> dict:
     return out
 
 
-def _thread_cpu(cluster: LocalCluster) -> dict[str, float]:
-    """CPU seconds by thread role, summed over the nodes (``rmq_thread_cpu_seconds_total``)."""
+def _thread_cpu(cluster: LocalCluster) -> tuple[dict[str, float], list[tuple[float, float]]]:
+    """CPU seconds by thread role, summed over the nodes (``rmq_thread_cpu_seconds_total``), and
+    each node's journal fdatasyncs: (seconds in them, how many), all its groups together
+    (``rmq_raft_journal_fsync_seconds``)."""
     import requests
     from prometheus_client.parser import text_string_to_metric_families
 
     from storage_service.protocol.placement import http_address
     out: dict[str, float] = {}
+    syncs = []
     for a in cluster.addresses:
         text = requests.get(f"http://{http_address(a)}/metrics", timeout=30).text
+        took = count = 0.0
         for fam in text_string_to_metric_families(text):
             if fam.name == "rmq_thread_cpu_seconds":
                 for s in fam.samples:
                     if s.name.endswith("_total"):
                         out[s.labels["thread"]] = out.get(s.labels["thread"], 0.0) + s.value
-    return out
+            elif fam.name == "rmq_raft_journal_fsync_seconds":
+                for s in fam.samples:
+                    took += s.value if s.name.endswith("_sum") else 0.0
+                    count += s.value if s.name.endswith("_count") else 0.0
+        syncs.append((took, count))
+    return out, syncs
 
 
 def _cpu_s(pid: int) -> float:
@@ -284,6 +293,7 @@ def _even_leaders(c: Client, nodes: int, say, timeout: float = 120.0) -> tuple[i
         time.sleep(0.5)
 
 
+NODE_ARGS: list[str] = []   # --sync-threads: the nodes' --journal-sync-threads
 IN_STEP = False             # --in-step: paced producers start together (the bench before 2026-11-29)
 PROBE_GAP_S = 0.02          # the single-message probe: one produce call every 20 ms
 
@@ -318,7 +328,7 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
     data = None
     if own:
         data = tempfile.mkdtemp(prefix=f"scale-n{nodes}-", dir=where)
-        cluster = LocalCluster(nodes=nodes, groups=2 * nodes, data_dir=data, fsync=fsync)
+        cluster = LocalCluster(nodes=nodes, groups=2 * nodes, data_dir=data, fsync=fsync, extra_args=NODE_ARGS)
         cluster.start(timeout=180)
     topic, queues = "spread", 8 * nodes
     try:
@@ -332,12 +342,17 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
         while time.time() < t0:
             time.sleep(0.005)
         cpu0 = [_cpu_s(p) for p in pids]
-        roles0 = _thread_cpu(cluster)
+        roles0, syncs0 = _thread_cpu(cluster)
         probed = _probe(cluster.endpoints, topic, queues, t1) if probe else None
         while time.time() < t1:
             time.sleep(0.005)
         cpu = [_cpu_s(p) - c0 for p, c0 in zip(pids, cpu0)]
-        roles = {r: (v - roles0.get(r, 0.0)) / seconds for r, v in _thread_cpu(cluster).items()}
+        roles1, syncs1 = _thread_cpu(cluster)
+        roles = {r: (v - roles0.get(r, 0.0)) / seconds for r, v in roles1.items()}
+        # Each node's time in journal fdatasyncs per second of the window: near 1 x the
+        # --journal-sync-threads, the syncs are what a commit waits for.
+        busy = [(s1 - s0) / seconds for (s1, _), (s0, _) in zip(syncs1, syncs0)]
+        n_syncs = sum(c1 - c0 for (_, c1), (_, c0) in zip(syncs1, syncs0))
         outs = []
         for p in procs:
             out, _ = p.communicate(timeout=120)
@@ -353,11 +368,15 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
                    cores_mean=sum(cpu) / len(cpu) / seconds, cores_max=max(cpu) / seconds,
                    call_p50_ms=_percentile(lat, 50), call_p99_ms=_percentile(lat, 99),
                    leaders=leaders, thread_cores={r: v for r, v in roles.items() if v >= 0.005},
+                   sync_busy_max=max(busy), sync_ms=1e3 * sum(busy) * seconds / n_syncs if n_syncs else 0.0,
+                   syncs_per_s=n_syncs / seconds,
                    one_p50_ms=_percentile(probed, 50) if probe else None,
                    one_p99_ms=_percentile(probed, 99) if probe else None)
         say(f"  {nodes} nodes, {producers} producers, offered {rate or 'max'}: {row['msgs_per_s']:,.0f} msgs/s, "
             f"{row['cpu_us_per_msg']:.1f} us/msg (producers {row['client_us_per_msg']:.1f}), "
-            f"cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f})")
+            f"cores/node {row['cores_mean']:.2f} (busiest {row['cores_max']:.2f}); journal syncs "
+            f"{row['syncs_per_s']:,.0f}/s, {row['sync_ms']:.2f} ms each, busiest node in them "
+            f"{row['sync_busy_max']:.2f} of the time")
         say("    cores by thread, all nodes: " + ", ".join(
             f"{r} {v:.2f}" for r, v in sorted(row["thread_cores"].items(), key=lambda kv: -kv[1])[:6]))
         return row
@@ -375,7 +394,8 @@ def nodes_table(rows: list[dict]) -> str:
     probed = any(r["one_p50_ms"] is not None for r in rows)             # (--probe)
     head = ["nodes", "producers", "offered msgs/s", "msgs/s", "x 3-node row", "node CPU us/msg", "x 3-node row",
             "producers' CPU us/msg", "cores/node (mean)", "cores/node (busiest)", "call p50 ms", "call p99 ms",
-            *(["1-message produce p50 / p99 ms"] if probed else []), "leaders/node"]
+            *(["1-message produce p50 / p99 ms"] if probed else []), "journal syncs/s", "ms a sync",
+            "busiest node in syncs", "leaders/node"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         b = base.get(r["offered"] > 0, r)
@@ -386,6 +406,7 @@ def nodes_table(rows: list[dict]) -> str:
                    f"{r['cpu_us_per_msg'] / b['cpu_us_per_msg']:.2f} | {r['client_us_per_msg']:.1f} | "
                    f"{r['cores_mean']:.2f} | {r['cores_max']:.2f} | "
                    f"{r['call_p50_ms']:.1f} | {r['call_p99_ms']:.1f} | {one}"
+                   f"{r['syncs_per_s']:,.0f} | {r['sync_ms']:.2f} | {r['sync_busy_max']:.2f} | "
                    f"{r['leaders'][0]}-{r['leaders'][1]} |")
     return "\n".join(out)
 
@@ -437,7 +458,7 @@ def pipeline_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     """Issue 39.4: one producer thread, today's calls against the pipelined producer,
     alternating on one 3-node cluster (``--rounds``); medians."""
     data = tempfile.mkdtemp(prefix="scale-pipe-", dir=where)
-    cluster = LocalCluster(nodes=3, groups=6, data_dir=data, fsync=a.fsync).start(timeout=180)
+    cluster = LocalCluster(nodes=3, groups=6, data_dir=data, fsync=a.fsync, extra_args=NODE_ARGS).start(timeout=180)
     try:
         with Client(cluster.endpoints) as c:
             c.create_topic("spread", queues=24)
@@ -518,7 +539,7 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     if sweep:
         data = tempfile.mkdtemp(prefix="scale-sweep-", dir=where)
         n = a.nodes[0]
-        cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync).start(timeout=180)
+        cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync, extra_args=NODE_ARGS).start(timeout=180)
         # Each producer count between two runs of the base count on the same cluster, and
         # measured against their mean: consecutive runs drift (the data grows), and a ratio
         # to the run before alone counted the drift against the larger count.
@@ -568,6 +589,8 @@ def main(argv=None) -> int:
                    help="offered load of the same-load rows, msgs/s (default: half the first row's rate; 0: none)")
     p.add_argument("--fsync", default="always", choices=FSYNC_POLICIES)
     p.add_argument("--seconds", type=float, default=15.0, help="measured window of each node run")
+    p.add_argument("--sync-threads", type=int, default=0,
+                   help="the nodes' --journal-sync-threads in the nodes and pipeline parts (default: theirs)")
     p.add_argument("--in-step", action="store_true",
                    help="paced producers start together and send in step (the bench before 2026-11-29: "
                         "bursts of the whole offered load)")
@@ -581,6 +604,8 @@ def main(argv=None) -> int:
         return 0
     global IN_STEP
     IN_STEP = a.in_step
+    if a.sync_threads:
+        NODE_ARGS[:] = ["--journal-sync-threads", str(a.sync_threads)]
     a.nodes = a.nodes or [3, 6, 9]
     a.sweep = [s for s in (a.sweep or [12, 24, 48]) if s]
     parts = a.only or ["queues", "nodes", "pipeline", "placement"]

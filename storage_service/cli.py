@@ -34,6 +34,9 @@ def _parse(argv):
                         "when there are as many racks as replicas, else as evenly as the racks allow "
                         "(default: none; nodes without a rack share one)")
     n.add_argument("--fsync", choices=FSYNC_POLICIES, default="always")
+    n.add_argument("--journal-sync-threads", type=count_flag(1, 64), default=1,
+                   help="raft journals (one per group) this node may fdatasync at once, each on its "
+                        "own thread; a group's syncs never overlap (default 1: one after another)")
     n.add_argument("--max-message-bytes", type=bytes_flag("--max-message-bytes"), default=4 << 20,
                    help="the largest message (bytes, or a size: 4MiB); default 4 MiB")
     n.add_argument("--max-commit-backlog", type=bytes_flag("--max-commit-backlog"), default=64 << 20,
@@ -250,6 +253,7 @@ def _make_node(args, addresses: tuple[str, ...]):
 
     return StorageNode(NodeConfig(node_id=args.id, addresses=addresses, groups=args.groups,
                                   data_dir=args.data_dir, fsync=args.fsync, rack=args.rack,
+                                  sync_threads=args.journal_sync_threads,
                                   max_message_bytes=args.max_message_bytes,
                                   max_commit_backlog=args.max_commit_backlog,
                                   segment_bytes=args.segment_bytes,

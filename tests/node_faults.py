@@ -489,7 +489,7 @@ TOPICS = {"clock": {"retention_ms": 600_000}}
 
 
 def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "always",
-                 log=print, writeback_s: float | None = None) -> NodeFaultReport:
+                 log=print, writeback_s: float | None = None, node_args: tuple[str, ...] = ()) -> NodeFaultReport:
     from rmq_spark.client import Client
 
     fault, setup, args = SCENARIOS[name]
@@ -497,7 +497,7 @@ def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "
     resource = setup(data_dir) if setup else None
     try:
         cluster = CLUSTERS.get(name, LocalCluster)(nodes=3, groups=3, data_dir=data_dir, fsync=fsync,
-                                                   extra_args=args)
+                                                   extra_args=[*args, *node_args])
         cluster.writeback_s = writeback_s
         cluster.start(timeout=90)
         try:
@@ -520,10 +520,11 @@ def run_scenario(name: str, data_dir: str, seconds: float = 60.0, fsync: str = "
     return report
 
 
-def bounded(name: str, data_dir: str, seconds: float) -> NodeFaultReport:
+def bounded(name: str, data_dir: str, seconds: float, node_args: tuple[str, ...] = ()) -> NodeFaultReport:
     """A scenario's bounded run for ``make test``: every acknowledged message read back
-    once and in order on identical replicas, and the scenario's own guarantees held."""
-    rep = run_scenario(name, data_dir, seconds=seconds, log=lambda line: None)
+    once and in order on identical replicas, and the scenario's own guarantees held.
+    ``node_args``: more flags for every node."""
+    rep = run_scenario(name, data_dir, seconds=seconds, log=lambda line: None, node_args=node_args)
     print(rep.summary())
     assert rep.acked > 0 and rep.ok, rep.summary()
     assert not rep.problems, rep.problems

@@ -233,3 +233,63 @@ def test_a_held_reply_sends_its_lease_stamp_alone_only_when_the_sync_is_slow(fol
     loop._send_ready_acks()
     replies = [m for kind, m in events if kind == "reply" and m.get("success")]
     assert [(m["next_node_idx"], m["lt"]) for m in replies] == [(5, 123.0)]
+
+
+def test_with_two_sync_threads_a_slow_sync_holds_up_no_other_group(tmp_path, monkeypatch):
+    """``--journal-sync-threads 2``: while one group's fdatasync hangs (a slow disk, a
+    big write-back), another group of the node syncs and becomes durable; the hung
+    group's own later entries wait for its sync to end rather than run a second
+    fdatasync of the same journal beside it, and are durable once it ends."""
+    import threading
+
+    base = free_port_block(6)
+    me, *others = [f"127.0.0.1:{base + i}" for i in range(3)]
+    me_b, *others_b = [f"127.0.0.1:{base + i}" for i in range(3, 6)]   # no shared raft port here
+    loop = RaftLoop(tick=0.05, name="test-raft", sync_threads=2)
+    a = RaftGroup(1, me, [me, *others], str(tmp_path), MetaState(), loop=loop)
+    b = RaftGroup(2, me_b, [me_b, *others_b], str(tmp_path), MetaState(), loop=loop)
+    for g in (a, b):
+        g.wrap_send(lambda _send: lambda node, msg: True)
+    inside, release = threading.Event(), threading.Event()
+    in_a, most_in_a = [0], [0]
+    lock = threading.Lock()
+    real_sync = os.fdatasync
+
+    def fdatasync(fd):
+        if fd != a.journal._fd:
+            return real_sync(fd)
+        with lock:
+            in_a[0] += 1
+            most_in_a[0] = max(most_in_a[0], in_a[0])
+        try:
+            inside.set()
+            assert release.wait(10)
+            real_sync(fd)
+        finally:
+            with lock:
+                in_a[0] -= 1
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    leader = TCPNode(others[0])
+    try:
+        for t in loop._syncers:
+            t.start()
+        a.on_message(leader, _append(1, 0, _entries(2, 4)))
+        assert inside.wait(5), "group 1's sync never started"
+        a.on_message(leader, _append(4, 1, _entries(5, 6)))     # asks for group 1's sync again
+        b.on_message(TCPNode(others_b[0]), _append(1, 0, _entries(2, 4)))
+        _wait_durable(b, 4)                                     # the second thread synced group 2
+        assert a.journal.durable_idx < 4                        # group 1 still inside its sync
+        release.set()
+        _wait_durable(a, 6)
+        assert most_in_a[0] == 1                                # never two syncs of one journal at once
+    finally:
+        release.set()
+        loop.stop()
+        a.stop()
+        b.stop()
+
+
+def test_sync_threads_must_be_at_least_one():
+    with pytest.raises(ValueError, match="sync_threads 0: at least 1"):
+        RaftLoop(tick=0.05, name="test-raft", sync_threads=0)

@@ -8,7 +8,8 @@
 # as it ends, so a run stopped at its limit still brings back the parts it finished:
 #   host.txt (cores, versions, file system), scale.txt + scale.json (3/6/9 nodes, the
 #   producer sweep, one pipelined thread), probe.txt (single-message p99 at half load),
-#   many.txt (2,000 long-polling consumers).
+#   many.txt (2,000 long-polling consumers), syncs.txt (9 nodes: one journal syncer a node
+#   against four, and --fsync none, alternating: what holds 9 nodes on one host).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 SECS=${SECONDS_PER_RUN:-6}
@@ -32,10 +33,15 @@ export PYTHONPATH="$SITE"
 step() {   # step NAME SECONDS COMMAND...: one part, its output in $OUT/NAME.txt, bounded
   local name=$1 limit=$2; shift 2
   echo "== $name ($(date -u +%T), at most ${limit}s): $*"
-  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$OUT/$name.txt"
   echo "== $name: exit ${PIPESTATUS[0]} at $(date -u +%T)"
-  pkill -9 -f "storage_service.cli node" 2>/dev/null; true
+  pkill -9 -f "storage_service[.]cli node" 2>/dev/null; true
 }
+# What holds 9 nodes: one journal syncer a node against four, and no syncs at all.
+for v in "--sync-threads 1" "--sync-threads 4" "--fsync none" "--sync-threads 4" "--sync-threads 1"; do
+  step syncs ${SYNCS_LIMIT:-45} $PY bench/scale.py --only nodes --nodes 9 --producers 24 --offered 0 --sweep 0 \
+      --seconds "$SECS" $v
+done
 # 3, 6, 9 nodes at full speed and at one offered load; then 12 and 48 producers on 3 nodes,
 # each between two runs of 24; then one thread's produce_batches against the pipelined producer.
 step scale ${SCALE_LIMIT:-330} $PY bench/scale.py --only nodes --only pipeline --nodes 3 --nodes 6 --nodes 9 \

@@ -117,11 +117,15 @@ class RaftLoop:
     """
 
     def __init__(self, tick: float = 0.1, name: str = "raft", listen: str | None = None,
-                 connection_timeout: float = 3.5, tls=None):
+                 connection_timeout: float = 3.5, tls=None, sync_threads: int = 1):
         """``listen``: the node's raft address; its groups then share one port and one
         connection per peer (``mux.RaftHub``). Without it each group runs
         pysyncobj's own TCP transport on its own address. ``tls``: the hub's
-        ``tls_wire.RaftTls`` (only nodes of the cluster may connect)."""
+        ``tls_wire.RaftTls`` (only nodes of the cluster may connect).
+        ``sync_threads``: journal syncs of different groups that may run at once
+        (``--journal-sync-threads``); a group's own syncs never overlap."""
+        if sync_threads < 1:
+            raise ValueError(f"sync_threads {sync_threads}: at least 1")
         self.tick = tick
         self.timer_period = tick / 2     # the poll's longest wait (a leader's timer period)
         self.poller = PollPoller()
@@ -135,13 +139,16 @@ class RaftLoop:
         self._to_sync: collections.deque = collections.deque()
         self._sync_wanted = threading.Condition()
         self._acks: list[tuple] = []
-        self._syncing = False            # the syncer is in a sync
+        self._syncing = 0                # syncs under way on the syncer threads
+        self._in_sync: set = set()       # their groups (a group is synced by one thread at a time)
         self._sync_s = INLINE_SYNC_S     # a running mean of how long syncs take (either thread)
         self._last_sync_s = INLINE_SYNC_S   # and the latest one
         self._calls: collections.deque = collections.deque()    # (fn, Future) to run on the loop thread
         self._running = True
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._syncer = threading.Thread(target=self._sync_journals, name=f"{name}-sync", daemon=True)
+        self._syncers = [threading.Thread(target=self._sync_journals, name=f"{name}-sync" + (f"-{k}" if k else ""),
+                                          daemon=True) for k in range(sync_threads)]
+        self._syncer = self._syncers[0]
 
     def add(self, group: "LoopGroup") -> None:
         self.groups.append(group)
@@ -175,7 +182,8 @@ class RaftLoop:
 
     def start(self) -> None:
         self._thread.start()
-        self._syncer.start()
+        for t in self._syncers:
+            t.start()
 
     @property
     def running(self) -> bool:
@@ -231,23 +239,38 @@ class RaftLoop:
         self._acks = waiting
 
     def _sync_journals(self) -> None:
+        """A syncer thread: takes the first waiting group no other syncer is syncing
+        (with several threads, a slow sync of one group holds up no other group)."""
         while self._running:
             with self._sync_wanted:
-                while not self._to_sync and self._running:
+                group = self._next_to_sync()
+                while group is None and self._running:
                     self._sync_wanted.wait(self.tick)
-                self._syncing = True     # before the pop: the loop thread never sees neither
-                group = self._to_sync.popleft() if self._to_sync else None
-                self._syncing = group is not None
-            if group is None:
-                continue
+                    group = self._next_to_sync()
+                if group is None:
+                    continue
+                self._syncing += 1       # before the pop: the loop thread never sees neither
+                self._to_sync.remove(group)
+                self._in_sync.add(group)
             try:
                 self._sync(group)
             finally:
-                self._syncing = False
+                with self._sync_wanted:
+                    self._in_sync.discard(group)
+                    self._syncing -= 1
+                    if group in self._to_sync:   # asked again meanwhile: another syncer may take it
+                        self._sync_wanted.notify()
             try:
                 group.wake()
             except Exception:            # a full wake-up pipe: the loop is awake anyway
                 pass
+
+    def _next_to_sync(self) -> "LoopGroup | None":
+        """The first group waiting for a sync that no syncer is syncing (``_sync_wanted`` held)."""
+        for group in self._to_sync:
+            if group not in self._in_sync:
+                return group
+        return None
 
     def _sync(self, group: "LoopGroup") -> None:
         t0 = time.perf_counter()
@@ -317,7 +340,7 @@ class RaftLoop:
         self._running = False
         with self._sync_wanted:
             self._sync_wanted.notify_all()
-        for t in (self._thread, self._syncer):
+        for t in (self._thread, *self._syncers):
             if t.is_alive() and t is not threading.current_thread():
                 t.join(timeout=5)
 

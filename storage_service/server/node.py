@@ -57,6 +57,7 @@ class NodeConfig:
     groups: int
     data_dir: str
     fsync: str = "always"
+    sync_threads: int = 1               # journal syncs of different groups at once (--journal-sync-threads)
     rack: str = ""                      # its rack (cluster/racks.py); "" shares the rack of all such nodes
     max_message_bytes: int = 4 << 20
     max_batch_bytes: int = 16 << 20
@@ -139,6 +140,7 @@ class StorageNode(NodeWrites, ReplicaSet, Upkeep, Repair, MetaSync):
         self.raft_loop = RaftLoop(config.timing.tick, name=f"raft-node-{config.node_id}",
                                   listen=raft_address(config.address),
                                   connection_timeout=max(3.5, config.timing.max_timeout),
+                                  sync_threads=config.sync_threads,
                                   tls=None if config.tls is None else
                                   RaftTls(config.tls, self.security.node_names))
         # The placement this node starts from, until the metadata group's record

@@ -162,12 +162,15 @@ def test_the_nodes_and_local_clusters_count_flags_refuse_values_out_of_range(cap
 
     base = ["node", "--id", "0", "--nodes", "127.0.0.1:1", "--data-dir", "/nonexistent"]
     a = _parse(base + ["--groups", "2", "--max-requests", "1", "--max-parked-fetches", "1", "--max-open-files", "0",
-                       "--metrics-max-queue-series", "0", "--compaction-entries", "1", "--max-queues", "1"])
+                       "--metrics-max-queue-series", "0", "--compaction-entries", "1", "--max-queues", "1",
+                       "--journal-sync-threads", "64"])
     assert (a.groups, a.max_requests, a.max_parked_fetches, a.max_open_files) == (2, 1, 1, 0)
+    assert a.journal_sync_threads == 64 and _parse(base).journal_sync_threads == 1
     assert (a.metrics_max_queue_series, a.compaction_entries, a.max_queues) == (0, 1, 1)
     for flag, bad, says in (("--max-requests", "0", "1 or more"), ("--groups", "-1", "1 or more"),
                             ("--max-parked-fetches", "x", "1 or more"), ("--compaction-entries", "0", "1 or more"),
-                            ("--max-queues", "0", "1 or more"),
+                            ("--max-queues", "0", "1 or more"), ("--journal-sync-threads", "0", "1 to 64"),
+                            ("--journal-sync-threads", "65", "1 to 64"),
                             ("--max-open-files", "-5", "0 or more (0: half the descriptor limit)"),
                             ("--metrics-max-queue-series", "-1", "0 or more (0: per-topic series only)")):
         with pytest.raises(SystemExit) as e:
