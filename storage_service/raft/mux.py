@@ -30,6 +30,7 @@ partition) is dropped after ``timeout`` and retried.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import statistics
@@ -50,6 +51,12 @@ log = logging.getLogger(__name__)
 _HELLO = "hub"
 _CLOCK = "clock"           # ("clock", wall ms): sent as the keep-alive (older nodes drop it)
 CLOCK_FRESH_S = 10.0       # a peer's clock reading older than this is not used
+# A reading is late by the time it waited on the way and in this node's sockets (never
+# early), so of a peer's last few readings the latest-looking one is the truest: with
+# the newest alone, a raft loop held up 20 ms put that peer's clock 20 ms behind, and
+# two leaders' store timestamps apart by as much. Six readings: both connections of a
+# pair ping every timeout / 4, so a peer's clock stepping back shows within ~3 pings.
+CLOCK_READINGS = 6
 
 
 class _Conn:
@@ -99,7 +106,8 @@ class RaftHub:
         self._out: dict[str, _Conn] = {}
         self._in: dict[str, _Conn] = {}
         self._pending: set[_Conn] = set()          # accepted, hello not read yet
-        self._clocks: dict[str, tuple[float, float]] = {}   # peer -> (wall ms - monotonic ms, when)
+        # peer -> its last CLOCK_READINGS readings: (wall ms - this node's monotonic ms, when)
+        self._clocks: dict[str, collections.deque] = {}
         self._up: set[str] = set()
         self._last_try: dict[str, float] = {}
         self._last_ping = 0.0
@@ -228,7 +236,10 @@ class RaftHub:
         if group == _CLOCK:
             if isinstance(message, (int, float)):
                 now = monotonic_time()
-                self._clocks[c.peer] = (message - now * 1000, now)
+                readings = self._clocks.get(c.peer)
+                if readings is None:
+                    readings = self._clocks[c.peer] = collections.deque(maxlen=CLOCK_READINGS)
+                readings.append((message - now * 1000, now))
             return
         t = self._groups.get(group)
         if t is None:
@@ -258,14 +269,18 @@ class RaftHub:
             t.peer_changed(peer, up)
 
     def cluster_time_ms(self) -> int:
-        """The median of this node's wall clock and its peers' (each peer's last reading
-        carried forward on this node's monotonic clock): one node's clock stepping back
+        """The median of this node's wall clock and its peers' (of each peer's last
+        ``CLOCK_READINGS`` readings the least delayed, carried forward on this node's
+        monotonic clock): one node's clock stepping back
         an hour or forward a day does not move it. With one peer heard the earlier of
         the two; this node's own clock alone when it has heard no peer for
         ``CLOCK_FRESH_S``."""
         now = monotonic_time()
         readings = [time.time() * 1000]
-        readings += [diff + now * 1000 for diff, at in list(self._clocks.values()) if now - at < CLOCK_FRESH_S]
+        for peer in list(self._clocks):
+            fresh = [diff for diff, at in list(self._clocks.get(peer, ())) if now - at < CLOCK_FRESH_S]
+            if fresh:
+                readings.append(max(fresh) + now * 1000)     # the least delayed of its readings
         # Of two clocks the earlier: a step forward (which would make retention delete
         # early and leases end early) never wins; three or more outvote any one.
         return int(statistics.median(readings) if len(readings) >= 3 else min(readings))
