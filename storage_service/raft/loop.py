@@ -199,8 +199,11 @@ class RaftLoop:
         """Sync the group's journal soon, then wake the loop (loop thread); at once, on
         this thread, while the syncer is idle and syncs are quick (``INLINE_SYNC_S``):
         a disk that slows down moves the syncs back to the syncer."""
-        if max(self._sync_s, self._last_sync_s) < INLINE_SYNC_S and not self._syncing \
-                and not self._to_sync and group.journal.unsynced_bytes <= INLINE_SYNC_BYTES \
+        # The queue before the count: a syncer counts itself before it takes a group
+        # off the queue, so read in this order the two are never both seen empty
+        # while a sync is under way.
+        if max(self._sync_s, self._last_sync_s) < INLINE_SYNC_S and not self._to_sync \
+                and not self._syncing and group.journal.unsynced_bytes <= INLINE_SYNC_BYTES \
                 and threading.current_thread() is self._thread:
             self._sync(group)
             return
@@ -340,9 +343,10 @@ class RaftLoop:
         self._running = False
         with self._sync_wanted:
             self._sync_wanted.notify_all()
+        deadline = time.monotonic() + 5      # one wait for all: each syncer may be in a hung fdatasync
         for t in (self._thread, *self._syncers):
             if t.is_alive() and t is not threading.current_thread():
-                t.join(timeout=5)
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Close the raft port (after ``stop`` and the groups' destroy)."""

@@ -55,7 +55,8 @@ CLOCK_FRESH_S = 10.0       # a peer's clock reading older than this is not used
 # early), so of a peer's last few readings the latest-looking one is the truest: with
 # the newest alone, a raft loop held up 20 ms put that peer's clock 20 ms behind, and
 # two leaders' store timestamps apart by as much. Six readings: both connections of a
-# pair ping every timeout / 4, so a peer's clock stepping back shows within ~3 pings.
+# pair ping every timeout / 4, so a peer's clock stepping back shows within ~3 pings
+# (~6 with one connection up: still inside CLOCK_FRESH_S).
 CLOCK_READINGS = 6
 
 
