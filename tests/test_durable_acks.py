@@ -293,3 +293,22 @@ def test_with_two_sync_threads_a_slow_sync_holds_up_no_other_group(tmp_path, mon
 def test_sync_threads_must_be_at_least_one():
     with pytest.raises(ValueError, match="sync_threads 0: at least 1"):
         RaftLoop(tick=0.05, name="test-raft", sync_threads=0)
+
+
+def test_a_sync_that_raises_something_else_stops_the_node(monkeypatch):
+    """A journal sync that fails with an error other than OSError also goes to ``fatal``
+    (the node stops, replicas take over): a syncer thread ended by it would leave every
+    later reply and commit of its node waiting, with nothing in the log."""
+    import types
+
+    from storage_service.raft import loop as loop_module
+
+    stopped = []
+    monkeypatch.setattr(loop_module, "fatal", stopped.append)
+
+    def sync_behind():
+        raise RuntimeError("something unforeseen")
+
+    group = types.SimpleNamespace(group_id=7, journal=types.SimpleNamespace(sync_behind=sync_behind))
+    RaftLoop(tick=0.05, name="test-raft")._sync(group)
+    assert stopped == ["group 7: journal sync raised RuntimeError: something unforeseen"]

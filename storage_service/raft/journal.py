@@ -221,14 +221,14 @@ class DurableJournal(JournalScan, Journal):
         return max(0, self._bytes - self._synced_bytes)
 
     def _sync_locked(self) -> None:
-        last, size = self.last_idx, self._bytes
+        last, size, took = self.last_idx, self._bytes, None
         if self._dirty or last > self.durable_idx:
             self._dirty = False          # an append from now on sets it again
             if self.fsync:
                 try:
                     t0 = time.perf_counter()
                     os.fdatasync(self._fd)
-                    self.observe_fsync(time.perf_counter() - t0)
+                    took = time.perf_counter() - t0
                 except OSError:
                     # Linux reports a lost write-back once; a retry would "succeed"
                     # over lost pages. Nothing past durable_idx may ever count.
@@ -236,6 +236,11 @@ class DurableJournal(JournalScan, Journal):
                     raise
         self.durable_idx = max(self.durable_idx, last) if last else 0
         self._synced_bytes = size
+        if took is not None:
+            try:                         # a metrics failure must not hold back what is durable
+                self.observe_fsync(took)
+            except Exception:
+                log.exception("journal %s: recording an fdatasync's time failed", self.path)
 
     @property
     def last_idx(self) -> int:

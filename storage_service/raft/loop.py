@@ -281,6 +281,9 @@ class RaftLoop:
             group.journal.sync_behind()
         except OSError as e:
             fatal(f"group {group.group_id}: journal sync failed ({e})")
+        except Exception as e:           # a syncer must not end quietly: acks would wait forever
+            log.exception("group %s: journal sync raised", group.group_id)
+            fatal(f"group {group.group_id}: journal sync raised {type(e).__name__}: {e}")
         self._last_sync_s = took = time.perf_counter() - t0
         self._sync_s += (took - self._sync_s) / 8
 

@@ -396,3 +396,23 @@ def test_a_failed_epoch_reservation_changes_nothing(jpath, monkeypatch):
     assert (j._epoch, j._reserved, j.size_bytes, j.durable_idx, j.truncations, _entries(j)) == state
     monkeypatch.undo()
     assert [e[1] for e in _entries(_reopen(j, jpath))] == [1, 2, 3, 4, 5]
+
+
+def test_a_failing_fsync_observer_holds_back_nothing_durable(jpath, caplog):
+    """The node's metrics watch every fdatasync (``observe_fsync``); if that callback
+    raises, what the fdatasync made durable still counts, and the sync does not raise
+    (a syncer thread that died of it left every later reply of its node waiting)."""
+    j = DurableJournal(jpath, "always")
+    seen = []
+
+    def broken(seconds):
+        seen.append(seconds)
+        raise RuntimeError("a metrics registry gone bad")
+
+    j.observe_fsync = broken
+    j.add(b"cmd-1", 1, 1)
+    j.add(b"cmd-2", 2, 1)
+    j.sync_behind()
+    assert seen and j.durable_idx == 2 and j.unsynced_bytes == 0
+    assert "recording an fdatasync's time failed" in caplog.text
+    j._destroy()
