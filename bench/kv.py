@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import _peers  # noqa: E402
 from bench.produce import percentiles_ms  # noqa: E402
-from bench.scale import _rss_mb  # noqa: E402
+from bench._scale_queues import _rss_mb  # noqa: E402
 from rmq_spark.client import Client, KvConflict  # noqa: E402
 from storage_service.local import LocalCluster  # noqa: E402
 
