@@ -24,6 +24,10 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def node_pids(cluster: LocalCluster) -> list[int]:
+    return [p.pid for p in cluster.procs]
+
+
 def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -55,7 +59,7 @@ def one(queues: int, where: str, say, in_flight: int = 0) -> dict:
     cluster.start(timeout=120)
     row: dict = {"queues": queues}
     try:
-        base_rss = [_rss_mb(p) for p in [p.pid for p in cluster.procs]]
+        base_rss = [_rss_mb(p) for p in node_pids(cluster)]
         with Client(cluster.endpoints, timeout=120) as c:
             topics = _topics(queues)
             t = time.perf_counter()
@@ -82,7 +86,7 @@ def one(queues: int, where: str, say, in_flight: int = 0) -> dict:
             for name, q in pairs[::step]:
                 assert len(c.fetch(name, q, 0).records) == 1, (name, q)
             row["read_ms_per_queue"] = 1e3 * (time.perf_counter() - t) / len(pairs[::step])
-            pids = [p.pid for p in cluster.procs]
+            pids = node_pids(cluster)
             rss = [_rss_mb(p) for p in pids]
             row["rss_mb"] = max(rss)
             row["rss_kb_per_queue"] = 1024 * max(r - b for r, b in zip(rss, base_rss)) / queues
@@ -101,7 +105,7 @@ def one(queues: int, where: str, say, in_flight: int = 0) -> dict:
         with Client(cluster.endpoints, timeout=120) as c:
             name, q = _topics(queues)[-1][0], 0
             assert len(c.fetch(name, q, 0).records) == 1
-        row["rss_after_restart_mb"] = max(_rss_mb(p) for p in [p.pid for p in cluster.procs])
+        row["rss_after_restart_mb"] = max(_rss_mb(p) for p in node_pids(cluster))
     finally:
         cluster.stop()
         shutil.rmtree(data, ignore_errors=True)

@@ -55,14 +55,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench._scale_queues import queues_part  # noqa: E402
+from bench._scale_queues import node_pids, queues_part  # noqa: E402
 from rmq_spark.client import Client  # noqa: E402
 from storage_service.local import LocalCluster  # noqa: E402
 from storage_service.raft.journal import FSYNC_POLICIES  # noqa: E402
-
-def _nodes(cluster: LocalCluster) -> list[int]:
-    return [p.pid for p in cluster.procs]
-
 
 def _thread_cpu(cluster: LocalCluster) -> tuple[dict[str, float], list[tuple[float, float]]]:
     """CPU seconds by thread role, summed over the nodes (``rmq_thread_cpu_seconds_total``), and
@@ -120,7 +116,7 @@ def producer(spec: dict) -> dict:
         # processes would send in step, every call of every producer at the same instant
         # (bursts of the whole load, idle in between), which no set of independent
         # producers does.
-        nxt = time.time() + (rng.uniform(0.0, gap) if gap and spec.get("spread", True) else 0.0)
+        nxt = time.time() + (rng.uniform(0.0, gap) if gap and spec["spread"] else 0.0)
         cpu0 = None
         while True:
             now = time.time()
@@ -222,7 +218,7 @@ def nodes_run(nodes: int, producers: int, seconds: float, where: str, say, rate:
             if topic not in {t["name"] for t in c.list_topics()}:
                 c.create_topic(topic, queues=queues)
             leaders = _even_leaders(c, nodes, say)
-        pids = _nodes(cluster)
+        pids = node_pids(cluster)
         warmup = 3.0
         procs, t0, t1 = _producers(cluster.endpoints, topic, queues, producers, rate, warmup, seconds)
         while time.time() < t0:
@@ -380,7 +376,8 @@ def nodes_part(a: argparse.Namespace, where: str, say) -> list[dict]:
     if sweep:
         data = tempfile.mkdtemp(prefix="scale-sweep-", dir=where)
         n = a.nodes[0]
-        cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync, extra_args=NODE_ARGS).start(timeout=180)
+        cluster = LocalCluster(nodes=n, groups=2 * n, data_dir=data, fsync=a.fsync,
+                               extra_args=NODE_ARGS).start(timeout=180)
         # Each producer count between two runs of the base count on the same cluster, and
         # measured against their mean: consecutive runs drift (the data grows), and a ratio
         # to the run before alone counted the drift against the larger count.

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
+import types
 
 import pytest
 from pysyncobj.node import TCPNode
@@ -72,7 +74,7 @@ def _success_replies(events):
 
 def test_a_reply_waits_for_the_sync_of_what_it_covers(follower):
     g, loop, leader, events = follower
-    loop._syncer.start()
+    loop._syncers[0].start()
     g.on_message(leader, _append(1, 0, _entries(2, 4)))
     assert _success_replies(events) == []          # nothing said before the disk has it
     _wait_durable(g, 4)
@@ -108,7 +110,7 @@ def test_entries_appended_during_a_sync_are_not_claimed(follower, monkeypatch):
 
 def test_a_reply_for_entries_a_conflict_removed_is_never_sent(follower):
     g, loop, leader, events = follower
-    loop._syncer.start()
+    loop._syncers[0].start()
     handle = g.on_message
     handle(leader, _append(1, 0, _entries(2, 4)))            # reply for 4 waits for the sync
     handle(leader, _append(2, 1, [(NOOP, 3, 2)], term=2))    # a new leader: 3..4 conflict
@@ -240,8 +242,6 @@ def test_with_two_sync_threads_a_slow_sync_holds_up_no_other_group(tmp_path, mon
     big write-back), another group of the node syncs and becomes durable; the hung
     group's own later entries wait for its sync to end rather than run a second
     fdatasync of the same journal beside it, and are durable once it ends."""
-    import threading
-
     base = free_port_block(6)
     me, *others = [f"127.0.0.1:{base + i}" for i in range(3)]
     me_b, *others_b = [f"127.0.0.1:{base + i}" for i in range(3, 6)]   # no shared raft port here
@@ -299,8 +299,6 @@ def test_a_sync_that_raises_something_else_stops_the_node(monkeypatch):
     """A journal sync that fails with an error other than OSError also goes to ``fatal``
     (the node stops, replicas take over): a syncer thread ended by it would leave every
     later reply and commit of its node waiting, with nothing in the log."""
-    import types
-
     from storage_service.raft import loop as loop_module
 
     stopped = []

@@ -148,7 +148,6 @@ class RaftLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._syncers = [threading.Thread(target=self._sync_journals, name=f"{name}-sync" + (f"-{k}" if k else ""),
                                           daemon=True) for k in range(sync_threads)]
-        self._syncer = self._syncers[0]
 
     def add(self, group: "LoopGroup") -> None:
         self.groups.append(group)

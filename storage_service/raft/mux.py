@@ -107,8 +107,11 @@ class RaftHub:
         self._out: dict[str, _Conn] = {}
         self._in: dict[str, _Conn] = {}
         self._pending: set[_Conn] = set()          # accepted, hello not read yet
-        # peer -> its last CLOCK_READINGS readings: (wall ms - this node's monotonic ms, when)
+        # peer -> its last CLOCK_READINGS readings: (wall ms - this node's monotonic ms, when),
+        # and the least delayed of them (kept at each reading: the cluster's time is taken
+        # for every produce batch)
         self._clocks: dict[str, collections.deque] = {}
+        self._best_clock: dict[str, tuple[float, float]] = {}
         self._up: set[str] = set()
         self._last_try: dict[str, float] = {}
         self._last_ping = 0.0
@@ -241,6 +244,7 @@ class RaftHub:
                 if readings is None:
                     readings = self._clocks[c.peer] = collections.deque(maxlen=CLOCK_READINGS)
                 readings.append((message - now * 1000, now))
+                self._best_clock[c.peer] = max(readings)
             return
         t = self._groups.get(group)
         if t is None:
@@ -278,10 +282,12 @@ class RaftHub:
         ``CLOCK_FRESH_S``."""
         now = monotonic_time()
         readings = [time.time() * 1000]
-        for peer in list(self._clocks):
-            fresh = [diff for diff, at in list(self._clocks.get(peer, ())) if now - at < CLOCK_FRESH_S]
-            if fresh:
-                readings.append(max(fresh) + now * 1000)     # the least delayed of its readings
+        for peer, (diff, at) in list(self._best_clock.items()):
+            if now - at >= CLOCK_FRESH_S:       # (rare: a peer silent for seconds) the fresh ones
+                diff = max((d for d, a in list(self._clocks[peer]) if now - a < CLOCK_FRESH_S), default=None)
+                if diff is None:
+                    continue
+            readings.append(diff + now * 1000)     # the least delayed of its readings
         # Of two clocks the earlier: a step forward (which would make retention delete
         # early and leases end early) never wins; three or more outvote any one.
         return int(statistics.median(readings) if len(readings) >= 3 else min(readings))
